@@ -1,0 +1,3 @@
+from specllm.cli import main
+
+main()

@@ -1,0 +1,245 @@
+"""The llama.cpp binding: the only module that imports llama_cpp.
+
+A `LlamaBackend` holds one model and one context with a single sequence. `evaluate`
+appends tokens to the KV cache and returns logits only for the rows asked for (per-token
+logits flags), `rewind` drops the KV cache after a position. Everything above this module
+talks to the small `Backend` protocol, so tests can swap in a fake model.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from specllm.errors import SpecllmError
+
+
+class Backend(Protocol):
+    """What the decode loop needs from a model."""
+
+    n_vocab: int
+    n_ctx: int
+    n_past: int  # tokens held in the KV cache
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]: ...
+
+    def token_bytes(self, token: int) -> bytes: ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+    def evaluate(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray: ...
+
+    def rewind(self, n_past: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    n_ctx: int = 4096
+    n_threads: int | None = None  # None: every core up to 8, half of them above
+    n_gpu_layers: int = -1  # -1: all layers when the build can offload, else 0
+    n_batch: int = 512
+
+
+def supports_gpu_offload() -> bool:
+    import llama_cpp
+
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    import llama_cpp
+
+    return llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
+
+
+_log_callback = None
+
+
+def _init_llama() -> None:
+    """Once per process: silence llama.cpp's log (it would mix with our stderr) and init the backend."""
+    global _log_callback
+    if _log_callback is None:
+        import llama_cpp
+
+        _log_callback = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+
+
+class LlamaBackend:
+    """One GGUF model loaded through llama.cpp, with one sequence in its KV cache."""
+
+    def __init__(self, path: str | Path, options: LoadOptions = LoadOptions()):
+        import llama_cpp
+
+        self._lib = llama_cpp
+        self.path = Path(path)
+        _init_llama()
+        model_params = llama_cpp.llama_model_default_params()
+        gpu_layers = options.n_gpu_layers
+        if gpu_layers < 0:
+            gpu_layers = 999 if supports_gpu_offload() else 0
+        model_params.n_gpu_layers = gpu_layers
+        self.n_gpu_layers = gpu_layers
+        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
+        if not self._model:
+            raise SpecllmError(f"{self.path}: llama.cpp could not load it (unsupported architecture or damaged file)")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
+
+        ctx_params = llama_cpp.llama_context_default_params()
+        ctx_params.n_ctx = options.n_ctx
+        ctx_params.n_batch = options.n_batch
+        ctx_params.n_ubatch = options.n_batch
+        ctx_params.n_seq_max = 1
+        threads = options.n_threads or _default_threads()
+        ctx_params.n_threads = threads
+        ctx_params.n_threads_batch = threads
+        self.n_threads = threads
+        self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
+        if not self._ctx:
+            self.close()
+            raise SpecllmError(f"{self.path}: llama.cpp could not create a context of {options.n_ctx} tokens")
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.n_batch = options.n_batch
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.n_past = 0
+        self._piece_cache: dict[int, bytes] = {}
+
+    # -- tokens -------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8", "replace")
+        capacity = len(data) + 16
+        buf = (self._lib.llama_token * capacity)()
+        n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:
+            capacity = -n
+            buf = (self._lib.llama_token * capacity)()
+            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (control tokens render as nothing)."""
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = self._lib.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            piece = buf.raw[:n]
+            self._piece_cache[token] = piece
+        return piece
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary entry as stored (special tokens included), for vocabulary checks."""
+        return self._lib.llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(self._lib.llama_vocab_get_add_bos(self._vocab))
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_assistant: bool = True) -> str:
+        """Render messages with the model's own template (llama.cpp's built-in template support)."""
+        tmpl = self._lib.llama_model_chat_template(self._model, None)
+        if not tmpl:
+            raise SpecllmError(f"{self.path.name} has no chat template; use --raw")
+        msgs = (self._lib.llama_chat_message * len(messages))()
+        keep = []  # the encoded strings must outlive the call
+        for slot, message in zip(msgs, messages):
+            role, content = message["role"].encode(), message["content"].encode()
+            keep += [role, content]
+            slot.role, slot.content = role, content
+        size = sum(len(k) for k in keep) * 2 + 256
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = self._lib.llama_chat_apply_template(tmpl, msgs, len(messages), add_assistant, buf, size)
+            if n < 0:
+                raise SpecllmError(f"llama.cpp does not support the chat template of {self.path.name}; use --raw")
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", "replace")
+            size = n + 1
+        raise SpecllmError("chat template rendering failed")  # pragma: no cover
+
+    # -- evaluation ---------------------------------------------------------------------
+
+    def evaluate(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray:
+        """Append `tokens` to the KV cache; return the logits of `rows` (increasing indices into `tokens`).
+
+        Long inputs are split into batches of n_batch; only the requested rows are computed.
+        """
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ContextFull(self.n_past, len(tokens), self.n_ctx)
+        wanted = set(rows)
+        out = np.empty((len(wanted), self.n_vocab), dtype=np.float32)
+        filled = 0
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            flags = [start + i in wanted for i in range(len(chunk))]
+            self._decode(chunk, flags)
+            n_out = sum(flags)
+            if n_out:
+                ptr = self._lib.llama_get_logits(self._ctx)
+                out[filled : filled + n_out] = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+                filled += n_out
+        return out
+
+    def _decode(self, chunk: Sequence[int], flags: Sequence[bool]) -> None:
+        batch = self._batch
+        for i, (token, want) in enumerate(zip(chunk, flags)):
+            batch.token[i] = token
+            batch.pos[i] = self.n_past + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = want
+        batch.n_tokens = len(chunk)
+        status = self._lib.llama_decode(self._ctx, batch)
+        if status != 0:
+            raise SpecllmError(f"llama.cpp failed to evaluate a batch of {len(chunk)} tokens (status {status})")
+        self.n_past += len(chunk)
+
+    def rewind(self, n_past: int) -> None:
+        """Drop every KV cache entry at position >= n_past."""
+        if n_past < self.n_past:
+            self._lib.llama_memory_seq_rm(self._memory, 0, n_past, -1)
+            self.n_past = n_past
+
+    def close(self) -> None:
+        lib = self._lib
+        if getattr(self, "_batch", None) is not None:
+            lib.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            lib.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            lib.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class ContextFull(SpecllmError):
+    def __init__(self, n_past: int, n_new: int, n_ctx: int):
+        super().__init__(f"context full: {n_past} tokens held + {n_new} new > context size {n_ctx}")
+        self.n_past, self.n_new, self.n_ctx = n_past, n_new, n_ctx
+
+
+def _default_threads() -> int:
+    count = os.cpu_count() or 1
+    return count if count <= 8 else count // 2

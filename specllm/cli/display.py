@@ -1,0 +1,118 @@
+"""Terminal rendering: streamed text on stdout, live statistics on stderr.
+
+The engine knows nothing of this module; it renders `Stats` snapshots. When stdout and stderr
+are the same terminal, the status line lives on the bottom row, outside a scroll region in
+which the text streams; when stdout is redirected, it is a single redrawn line on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+from specllm.stats import Stats
+
+SOURCE_STYLES = {"ngram": "\x1b[32m", "draft": "\x1b[36m"}  # green, cyan; the target's own tokens stay plain
+RESET = "\x1b[0m"
+
+
+def colour_allowed(stream) -> bool:
+    return stream.isatty() and "NO_COLOR" not in os.environ
+
+
+def use_colour(choice: str, stream) -> bool:
+    if choice == "always":
+        return True
+    if choice == "never":
+        return False
+    if choice == "auto":
+        return colour_allowed(stream)
+    from specllm.errors import UsageError
+
+    raise UsageError(f"--color must be auto, always or never; got {choice!r}")
+
+
+class TokenWriter:
+    """Writes generated text to stdout as it comes, optionally coloured by where tokens came from."""
+
+    def __init__(self, stream=None, colour: bool = False):
+        self.stream = stream or sys.stdout
+        self.colour = colour
+
+    def write(self, text: str, source: str) -> None:
+        if not text:
+            return
+        style = SOURCE_STYLES.get(source) if self.colour else None
+        self.stream.write(f"{style}{text}{RESET}" if style else text)
+        self.stream.flush()
+
+
+def status_text(stats: Stats) -> str:
+    """One line: speed, acceptance by source, mean accepted length."""
+    parts = [f"{stats.tokens} tok", f"{stats.tok_per_s:.1f} tok/s"]
+    for name in ("ngram", "draft"):
+        source = stats.by_source.get(name)
+        if source and source.drafted:
+            parts.append(f"{name} {source.accepted}/{source.drafted} ({source.acceptance_rate:.0%})")
+    if stats.drafted:
+        parts.append(f"accept {stats.acceptance_rate:.0%}")
+    parts.append(f"{stats.mean_accepted_length:.2f} tok/pass")
+    return " · ".join(parts)
+
+
+def summary_text(stats: Stats) -> str:
+    prompt = f"prompt {stats.prompt_tokens} tok"
+    if stats.reused_tokens:
+        prompt += f" ({stats.reused_tokens} reused)"
+    if stats.prefill_seconds > 0:
+        prompt += f" in {stats.prefill_seconds:.2f}s"
+    reason = f" · {stats.finish_reason}" if stats.finish_reason else ""
+    return f"{prompt} · {status_text(stats)} · {stats.seconds:.2f}s{reason}"
+
+
+class LiveStatus:
+    """A status line on stderr, redrawn at most `hz` times a second; a no-op when disabled."""
+
+    def __init__(self, enabled: bool, hz: float = 8.0):
+        self.enabled = enabled
+        self.shared_terminal = enabled and sys.stdout.isatty()
+        self.interval = 1.0 / hz
+        self._last = 0.0
+        self._rows = 0
+        self.dim = "\x1b[2m" if colour_allowed(sys.stderr) else ""
+
+    def __enter__(self) -> "LiveStatus":
+        if self.shared_terminal:
+            self._rows = shutil.get_terminal_size().lines
+            # Make room at the bottom, then keep the text scrolling above the last row.
+            sys.stdout.flush()
+            sys.stderr.write(f"\n\x1b[1A\x1b7\x1b[1;{self._rows - 1}r\x1b8")
+            sys.stderr.flush()
+        return self
+
+    def update(self, stats: Stats, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not force and now - self._last < self.interval):
+            return
+        self._last = now
+        width = shutil.get_terminal_size().columns
+        line = status_text(stats)[: width - 1]
+        reset = RESET if self.dim else ""
+        if self.shared_terminal:
+            sys.stdout.flush()
+            sys.stderr.write(f"\x1b7\x1b[{self._rows};1H\x1b[2K{self.dim}{line}{reset}\x1b8")
+        else:
+            sys.stderr.write(f"\r\x1b[2K{self.dim}{line}{reset}")
+        sys.stderr.flush()
+
+    def __exit__(self, *exc) -> None:
+        if not self.enabled:
+            return
+        if self.shared_terminal:
+            sys.stdout.flush()
+            sys.stderr.write(f"\x1b7\x1b[r\x1b[{self._rows};1H\x1b[2K\x1b8")
+        else:
+            sys.stderr.write("\r\x1b[2K")
+        sys.stderr.flush()

@@ -1,0 +1,94 @@
+"""`specllm run`: one prompt in, generated text out."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+
+from specllm.chat import encode_messages, encode_raw
+from specllm.cli import app
+from specllm.cli import common as c
+from specllm.cli.display import LiveStatus, TokenWriter, summary_text, use_colour
+from specllm.cli.interrupt import StopOnSignal
+from specllm.decode import Done, StepDone, TokenCommitted
+from specllm.session import SpecConfig
+from specllm.stats import Stats
+
+
+@app.command()
+def run(
+    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="The prompt; piped stdin comes before it.")] = None,
+    model: c.Model = None,
+    draft: c.Draft = None,
+    spec: c.Spec = "auto",
+    draft_max: c.DraftMax = 8,
+    draft_p_min: c.DraftPMin = 0.6,
+    ngram_min: c.NgramMin = 2,
+    ngram_max: c.NgramMax = 4,
+    max_tokens: c.MaxTokens = 512,
+    temp: c.Temp = 0.8,
+    top_k: c.TopK = 40,
+    top_p: c.TopP = 0.95,
+    min_p: c.MinP = 0.05,
+    seed: c.Seed = None,
+    ctx_size: c.CtxSize = 4096,
+    threads: c.Threads = None,
+    gpu_layers: c.GpuLayers = -1,
+    gpu_layers_draft: c.GpuLayersDraft = -1,
+    system: c.System = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead of the text.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No statistics on stderr.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Closing statistics on stderr even when it is not a terminal.")] = False,
+    color: c.Color = "auto",
+) -> None:
+    """Generate a reply to a prompt (and piped stdin), streaming plain text to stdout."""
+    params = c.sampling_params(temp, top_k, top_p, min_p, seed)
+    c.check_common(max_tokens, ctx_size, threads)
+    spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
+    colour = use_colour(color, sys.stdout) and not as_json
+    text = c.read_prompt(prompt)
+    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft)
+    if raw:
+        tokens = encode_raw(engine.target, (system + "\n\n" if system else "") + text)
+    else:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        tokens = encode_messages(engine.target, messages)
+    stats, done = Stats(), None
+    writer = TokenWriter(colour=colour)
+    live_enabled = sys.stderr.isatty() and not quiet and not verbose
+    with StopOnSignal() as stopper, LiveStatus(live_enabled) as live:
+        events = engine.decoder().generate(tokens, max_tokens, params, np.random.default_rng(seed), stop=stopper.requested)
+        for event in events:
+            stats.update(event)
+            if isinstance(event, TokenCommitted) and not as_json:
+                writer.write(event.text, event.source)
+            elif isinstance(event, StepDone):
+                live.update(stats)
+            elif isinstance(event, Done):
+                done = event
+    if as_json:
+        print(json.dumps(_json_result(done, stats, engine, spec_config.strategy), ensure_ascii=False))
+    elif done.text and not done.text.endswith("\n"):
+        sys.stdout.write("\n")
+    sys.stdout.flush()
+    if not quiet and (sys.stderr.isatty() or verbose):
+        c.stderr.print(summary_text(stats), style="dim" if c._colour_ok() else None, soft_wrap=True)
+    if done.finish_reason == "interrupted":
+        raise KeyboardInterrupt
+
+
+def _json_result(done: Done, stats: Stats, engine, strategy: str) -> dict:
+    return {
+        "text": done.text,
+        "tokens": done.tokens,
+        "finish_reason": done.finish_reason,
+        "model": str(engine.target.path),
+        "draft": str(engine.draft.path) if engine.draft else None,
+        "spec": strategy,
+        "stats": stats.to_dict(),
+    }

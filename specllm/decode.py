@@ -1,0 +1,219 @@
+"""The decode loops. Both yield events; neither prints.
+
+`generate` is the speculative loop (and, with no drafter, plain decoding through the very
+same sampler). `generate_plain` is the minimal reference that tests compare against.
+
+The target's KV cache always holds every committed token but the last; each step evaluates
+`[last, *draft]` in one batch and asks for exactly those k+1 rows of logits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from specllm.backend import Backend
+from specllm.drafters import Draft, Drafter, _common_prefix
+from specllm.errors import SpecllmError
+from specllm.sampling import SamplingParams, argmax, sample, warp
+from specllm.verify import verify
+
+# -- events ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrefillDone:
+    prompt_tokens: int
+    reused_tokens: int  # already in the KV cache from an earlier turn
+    seconds: float
+
+
+@dataclass(frozen=True)
+class TokenCommitted:
+    token: int
+    text: str  # complete UTF-8 characters only; may be "" while a character is split
+    source: str  # "ngram" or "draft" (an accepted drafted token) or "target"
+
+
+@dataclass(frozen=True)
+class StepDone:
+    source: str | None  # where the draft came from; None when nothing was drafted
+    drafted: int
+    accepted: int
+    committed: int
+    draft_seconds: float
+    verify_seconds: float
+    seconds: float  # wall time of the whole step
+
+
+@dataclass(frozen=True)
+class Done:
+    finish_reason: str  # "stop", "length", "context" or "interrupted"
+    tokens: list[int] = field(default_factory=list)  # generated tokens (without the end-of-generation token)
+    text: str = ""
+
+
+Event = PrefillDone | TokenCommitted | StepDone | Done
+
+# A budget policy: given the history and the most tokens allowed, how many to draft now.
+DraftBudget = Callable[[list[int], int], int]
+
+
+def fixed_budget(draft_max: int) -> DraftBudget:
+    return lambda history, limit: min(draft_max, limit)
+
+
+# -- the speculative loop -----------------------------------------------------------------
+
+
+class Decoder:
+    """Generation state for one conversation: the target, an optional drafter, and the history.
+
+    Calling `generate` again with a prompt that extends the history (a chat's next turn)
+    evaluates only the new tokens.
+    """
+
+    def __init__(self, target: Backend, drafter: Drafter | None = None, budget: DraftBudget | None = None):
+        self.target = target
+        self.drafter = drafter
+        self.budget = budget or fixed_budget(8)
+        self.history: list[int] = []  # committed tokens; the target's KV cache holds history[:-1]
+
+    def generate(
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        stop: Callable[[], bool] | None = None,
+    ) -> Iterator[Event]:
+        if not prompt:
+            raise SpecllmError("the prompt is empty")
+        if len(prompt) >= self.target.n_ctx:
+            raise SpecllmError(
+                f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}; "
+                "raise --ctx-size or shorten the prompt"
+            )
+        yield self._prefill(prompt)
+        text = _TextStream(self.target)
+        generated: list[int] = []
+        reason = "length"
+        while len(generated) < max_tokens:
+            if stop is not None and stop():
+                reason = "interrupted"
+                break
+            room = self.target.n_ctx - self.target.n_past - 1  # KV slots left after `last`
+            if room < 0:
+                reason = "context"
+                break
+            limit = min(room, max_tokens - len(generated) - 1)
+            step_started = time.perf_counter()
+            draft, draft_seconds = self._propose(limit, params, rng)
+            started = time.perf_counter()
+            verdict = self._verify(draft, params, rng)
+            verify_seconds = time.perf_counter() - started
+            new = draft.tokens[: verdict.accepted] + [verdict.token]
+            sources = [draft.source] * verdict.accepted + ["target"]
+            ended = False
+            for token, source in zip(new, sources):
+                self.history.append(token)
+                if self.target.is_eog(token):
+                    ended = True
+                    break
+                generated.append(token)
+                yield TokenCommitted(token, text.push(token), source)
+            self._settle()
+            yield StepDone(
+                draft.source if draft.tokens else None,
+                len(draft.tokens),
+                verdict.accepted,
+                len(new),
+                draft_seconds,
+                verify_seconds,
+                time.perf_counter() - step_started,
+            )
+            if ended:
+                reason = "stop"
+                break
+        tail = text.flush()
+        if tail:
+            yield TokenCommitted(-1, tail, "target")
+        yield Done(reason, generated, text.text)
+
+    def _prefill(self, prompt: list[int]) -> PrefillDone:
+        """Make the target's KV cache hold prompt[:-1], reusing what it already holds."""
+        started = time.perf_counter()
+        reused = _common_prefix(self.history[:-1], prompt[:-1]) if self.history else 0
+        reused = min(reused, self.target.n_past)
+        self.target.rewind(reused)
+        if len(prompt) - 1 > reused:
+            self.target.evaluate(prompt[reused:-1], [])
+        self.history = list(prompt)
+        if self.drafter is not None:
+            self.drafter.commit(self.history)
+        return PrefillDone(len(prompt), reused, time.perf_counter() - started)
+
+    def _propose(self, limit: int, params, rng) -> tuple[Draft, float]:
+        started = time.perf_counter()
+        draft = None
+        if self.drafter is not None and limit > 0:
+            size = self.budget(self.history, limit)
+            if size > 0:
+                draft = self.drafter.propose(self.history, size, params, rng)
+        return draft or Draft([], None, "target"), time.perf_counter() - started
+
+    def _verify(self, draft: Draft, params, rng):
+        last = self.history[-1]
+        k = len(draft.tokens)
+        logits = self.target.evaluate([last, *draft.tokens], list(range(k + 1)))
+        return verify(logits, draft.tokens, draft.q_draft, params, rng)
+
+    def _settle(self) -> None:
+        """Rewind the target to hold history[:-1] and tell the drafter what was committed."""
+        self.target.rewind(len(self.history) - 1)
+        if self.drafter is not None:
+            self.drafter.commit(self.history)
+
+
+class _TextStream:
+    """Turns token bytes into text without ever emitting half a UTF-8 character."""
+
+    def __init__(self, backend: Backend):
+        import codecs
+
+        self.backend = backend
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""
+
+    def push(self, token: int) -> str:
+        piece = self._decoder.decode(self.backend.token_bytes(token))
+        self.text += piece
+        return piece
+
+    def flush(self) -> str:
+        piece = self._decoder.decode(b"", final=True)
+        self.text += piece
+        return piece
+
+
+# -- the reference -------------------------------------------------------------------------
+
+
+def generate_plain(
+    target: Backend, prompt: list[int], max_tokens: int, params: SamplingParams, rng: np.random.Generator
+) -> list[int]:
+    """Plain decoding, one token per target pass, same prefill and sampler: the reference."""
+    target.rewind(0)
+    if len(prompt) > 1:
+        target.evaluate(prompt[:-1], [])
+    last, out = prompt[-1], []
+    while len(out) < max_tokens and target.n_past < target.n_ctx:
+        logits = target.evaluate([last], [0])[0]
+        last = argmax(logits) if params.greedy else sample(warp(logits, params), rng)
+        if target.is_eog(last):
+            break
+        out.append(last)
+    return out

@@ -1,0 +1,158 @@
+"""Draft sources behind one interface: the n-gram cache, a draft model, and their chain.
+
+A drafter proposes up to `max_tokens` tokens that continue the committed history. A
+proposal carries the draft distributions it sampled from (`q_draft`, one row per token)
+or None when it is deterministic (one-hot q), as the n-gram cache is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from specllm.backend import Backend
+from specllm.ngram import NgramCache
+from specllm.sampling import SamplingParams, argmax, sample, warp
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]
+    q_draft: np.ndarray | None  # (len(tokens), V) warped draft probabilities; None means one-hot
+    source: str  # "ngram" or "draft"
+    match_length: int = 0  # n-gram: the n that matched; draft model: 0
+
+
+class Drafter(Protocol):
+    def propose(self, history: list[int], max_tokens: int, params: SamplingParams, rng: np.random.Generator) -> Draft | None: ...
+
+    def commit(self, history: list[int]) -> None: ...
+
+
+class NgramDrafter:
+    """Proposes what followed the longest recent match of the history's tail."""
+
+    source = "ngram"
+
+    def __init__(self, n_min: int = 2, n_max: int = 4):
+        self.cache = NgramCache(n_min, n_max)
+
+    def propose(self, history, max_tokens, params, rng) -> Draft | None:
+        self.commit(history)
+        proposal = self.cache.propose(max_tokens)
+        if proposal is None or not proposal.tokens:
+            return None
+        return Draft(proposal.tokens, None, self.source, proposal.match_length)
+
+    def commit(self, history: list[int]) -> None:
+        """Bring the index in line with the history (usually: append the newly committed tokens)."""
+        known = self.cache.tokens
+        n = len(known)
+        if n > len(history) or (n and known[n - 1] != history[n - 1]):
+            n = _common_prefix(known, history)
+            self.cache.truncate(n)
+        self.cache.extend(history[n:])
+
+
+class ModelDrafter:
+    """A smaller model of the same tokenizer drafts token by token while it is confident."""
+
+    source = "draft"
+
+    def __init__(self, model: Backend, p_min: float = 0.6, n_vocab: int | None = None):
+        self.model = model
+        self.p_min = p_min
+        self.n_vocab = n_vocab or model.n_vocab  # the target's: q rows must line up with p rows
+        self.kv_tokens: list[int] = []  # what the draft model's KV cache holds, in order
+
+    def propose(self, history, max_tokens, params, rng) -> Draft | None:
+        if max_tokens <= 0:
+            return None
+        logits = self._catch_up(history)
+        tokens: list[int] = []
+        rows: list[np.ndarray] = []
+        while True:
+            # Stop on the draft's confidence before sampling, so that the decision does not
+            # depend on the token drawn and each drafted token stays an exact sample of q_draft.
+            if params.greedy:
+                if _max_softmax(logits) < self.p_min:
+                    break
+                token = argmax(logits)
+            else:
+                q_row = warp(logits, params)
+                if q_row.max() < self.p_min:
+                    break
+                token = sample(q_row, rng)
+                rows.append(q_row)
+            tokens.append(token)
+            if len(tokens) >= max_tokens or self.model.n_past + 1 > self.model.n_ctx:
+                break
+            logits = self._fit(self.model.evaluate([token], [0])[0])
+            self.kv_tokens.append(token)
+        if not tokens:
+            return None
+        q_draft = np.vstack(rows) if rows else None
+        return Draft(tokens, q_draft, self.source)
+
+    def commit(self, history: list[int]) -> None:
+        """Drop KV entries that the committed history contradicts (rejected drafts)."""
+        keep = _common_prefix(self.kv_tokens, history)
+        if keep < len(self.kv_tokens):
+            self.model.rewind(keep)
+            del self.kv_tokens[keep:]
+
+    def _catch_up(self, history: list[int]) -> np.ndarray:
+        """Feed the draft model every committed token it has not seen; return its next-token logits."""
+        self.commit(history)
+        keep = len(self.kv_tokens)
+        if keep == len(history):  # the row for the last token is gone with its batch: recompute it
+            keep -= 1
+            self.model.rewind(keep)
+            del self.kv_tokens[keep:]
+        new = history[keep:]
+        logits = self.model.evaluate(new, [len(new) - 1])[0]
+        self.kv_tokens.extend(new)
+        return self._fit(logits)
+
+    def _fit(self, logits: np.ndarray) -> np.ndarray:
+        """Cut or pad (with -inf) the draft's row to the target's vocabulary size."""
+        if logits.size == self.n_vocab:
+            return logits
+        out = np.full(self.n_vocab, -np.inf, dtype=logits.dtype)
+        n = min(self.n_vocab, logits.size)
+        out[:n] = logits[:n]
+        return out
+
+
+class ChainDrafter:
+    """The n-gram cache first; the draft model only when the cache has nothing."""
+
+    def __init__(self, drafters: list):
+        self.drafters = drafters
+
+    def propose(self, history, max_tokens, params, rng) -> Draft | None:
+        for drafter in self.drafters:
+            draft = drafter.propose(history, max_tokens, params, rng)
+            if draft is not None:
+                return draft
+        return None
+
+    def commit(self, history: list[int]) -> None:
+        for drafter in self.drafters:
+            drafter.commit(history)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _max_softmax(logits: np.ndarray) -> float:
+    """Probability of the most likely token at temperature 1."""
+    z = logits.astype(np.float64) - float(logits.max())
+    return float(1.0 / np.exp(z).sum())

@@ -1,0 +1,58 @@
+"""The n-gram cache: drafts from text that repeats in the token history.
+
+An incremental index maps every n-gram (n_min..n_max) to the most recent position where
+it ended with at least one token after it. Proposing looks up the last n tokens, longest n
+first, and offers what followed that earlier occurrence. Appending a token costs
+O(n_max - n_min + 1) dict updates, so the cache stays fast however long the context grows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NgramProposal:
+    tokens: list[int]
+    match_length: int  # n of the n-gram that matched (longer matches are more reliable)
+
+
+class NgramCache:
+    def __init__(self, n_min: int = 2, n_max: int = 4):
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}, {n_max}")
+        self.n_min, self.n_max = n_min, n_max
+        self.tokens: list[int] = []
+        self._index: dict[tuple[int, ...], int] = {}  # n-gram -> end position of its latest earlier occurrence
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens) -> None:
+        for token in tokens:
+            self.tokens.append(int(token))
+            # The n-grams ending at the previous position now have a continuation: index them.
+            end = len(self.tokens) - 2
+            for n in range(self.n_min, min(self.n_max, end + 1) + 1):
+                self._index[tuple(self.tokens[end - n + 1 : end + 1])] = end
+
+    def truncate(self, length: int) -> None:
+        """Forget everything after `length` tokens (a new conversation, an edited history)."""
+        if length >= len(self.tokens):
+            return
+        # Rare (a chat turn that rewrites the tail): rebuilding is simpler than undoing and exact.
+        kept = self.tokens[:length]
+        self.tokens, self._index = [], {}
+        self.extend(kept)
+
+    def propose(self, max_tokens: int) -> NgramProposal | None:
+        """The continuation of the longest recent match of the history's tail, or None."""
+        history = self.tokens
+        if max_tokens <= 0:
+            return None
+        for n in range(min(self.n_max, len(history)), self.n_min - 1, -1):
+            end = self._index.get(tuple(history[-n:]))
+            if end is not None:
+                continuation = history[end + 1 : end + 1 + max_tokens]
+                return NgramProposal(continuation, n)
+        return None

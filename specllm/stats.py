@@ -1,0 +1,109 @@
+"""Statistics as a reducer over decode events: no I/O, no clocks of its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specllm.decode import Done, PrefillDone, StepDone, TokenCommitted
+
+
+@dataclass
+class SourceStats:
+    steps: int = 0  # target passes that verified a draft from this source
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    prefill_seconds: float = 0.0
+    tokens: int = 0  # generated tokens committed
+    target_passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    seconds: float = 0.0  # generation wall time (prefill apart)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    by_source: dict[str, SourceStats] = field(default_factory=dict)
+    # position i: [drafted tokens at position i, accepted tokens at position i]
+    per_position: list[list[int]] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def update(self, event) -> "Stats":
+        if isinstance(event, StepDone):
+            self._step(event)
+        elif isinstance(event, TokenCommitted):
+            self.tokens += event.token >= 0
+        elif isinstance(event, PrefillDone):
+            self.prompt_tokens += event.prompt_tokens
+            self.reused_tokens += event.reused_tokens
+            self.prefill_seconds += event.seconds
+        elif isinstance(event, Done):
+            self.finish_reason = event.finish_reason
+        return self
+
+    def _step(self, step: StepDone) -> None:
+        self.target_passes += 1
+        self.seconds += step.seconds
+        self.draft_seconds += step.draft_seconds
+        self.verify_seconds += step.verify_seconds
+        if not step.drafted:
+            return
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        source = self.by_source.setdefault(step.source, SourceStats())
+        source.steps += 1
+        source.drafted += step.drafted
+        source.accepted += step.accepted
+        while len(self.per_position) < step.drafted:
+            self.per_position.append([0, 0])
+        for i in range(step.drafted):
+            self.per_position[i][0] += 1
+            self.per_position[i][1] += i < step.accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per target verify pass (1.0 for plain decoding)."""
+        return self.tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        by_source = {
+            name: {"drafted": s.drafted, "accepted": s.accepted, "steps": s.steps}
+            for name, s in sorted(self.by_source.items())
+        }
+        for name in ("ngram", "draft"):
+            by_source.setdefault(name, {"drafted": 0, "accepted": 0, "steps": 0})
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "reused_tokens": self.reused_tokens,
+            "prefill_seconds": round(self.prefill_seconds, 4),
+            "tokens": self.tokens,
+            "seconds": round(self.seconds, 4),
+            "tok_per_s": round(self.tok_per_s, 2),
+            "target_passes": self.target_passes,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "draft_seconds": round(self.draft_seconds, 4),
+            "verify_seconds": round(self.verify_seconds, 4),
+            "by_source": by_source,
+            "per_position": [
+                {"drafted": d, "accepted": a, "rate": round(a / d, 4) if d else 0.0} for d, a in self.per_position
+            ],
+            "finish_reason": self.finish_reason,
+        }

@@ -1,0 +1,76 @@
+"""Speculative acceptance: the step that keeps speculative decoding lossless.
+
+Given the target's rows for `[last, *draft]` (k+1 rows) and the draft's distributions,
+decide how many drafted tokens to keep and which token the target adds after them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specllm.sampling import SamplingParams, argmax, sample, warp
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: int  # how many drafted tokens were kept
+    token: int  # the target's own token after them: bonus or resampled
+
+
+def verify_greedy(target_logits: np.ndarray, draft: list[int]) -> Verdict:
+    """Temperature 0: keep the longest prefix equal to the target's argmax."""
+    for i, token in enumerate(draft):
+        choice = argmax(target_logits[i])
+        if choice != token:
+            return Verdict(i, choice)
+    return Verdict(len(draft), argmax(target_logits[len(draft)]))
+
+
+def verify_sampled(
+    p_target: np.ndarray,
+    draft: list[int],
+    q_draft: np.ndarray | None,
+    rng: np.random.Generator,
+) -> Verdict:
+    """Temperature > 0: rejection sampling (Leviathan et al., Chen et al.).
+
+    `p_target` are warped probabilities, k+1 rows. `q_draft` are the draft's warped
+    probabilities, k rows, or None for a deterministic (one-hot) draft such as the n-gram cache.
+    Accept token x with probability min(1, p/q); at the first rejection sample from
+    normalize(max(0, p - q)); when every token passes, sample the bonus from the last row.
+    """
+    for i, token in enumerate(draft):
+        p_row = p_target[i]
+        q_x = 1.0 if q_draft is None else float(q_draft[i, token])
+        if q_x > 0.0 and rng.random() * q_x < p_row[token]:
+            continue
+        return Verdict(i, sample(residual(p_row, q_draft[i] if q_draft is not None else None, token), rng))
+    return Verdict(len(draft), sample(p_target[len(draft)], rng))
+
+
+def residual(p_row: np.ndarray, q_row: np.ndarray | None, token: int) -> np.ndarray:
+    """normalize(max(0, p - q)) by token id; q is one-hot on `token` when None."""
+    if q_row is None:
+        out = p_row.copy()
+        out[token] = 0.0
+    else:
+        out = np.maximum(p_row - q_row, 0.0)
+    total = out.sum()
+    if total <= 0.0:  # p == q: a rejection has probability 0, so any row is fine; stay on p
+        return p_row
+    return out / total
+
+
+def verify(
+    target_logits: np.ndarray,
+    draft: list[int],
+    q_draft: np.ndarray | None,
+    params: SamplingParams,
+    rng: np.random.Generator,
+) -> Verdict:
+    """Dispatch on temperature. `target_logits` are raw rows; warping happens here."""
+    if params.greedy:
+        return verify_greedy(target_logits, draft)
+    return verify_sampled(warp(target_logits, params), draft, q_draft, rng)

@@ -1,0 +1,159 @@
+import itertools
+
+import numpy as np
+import pytest
+
+from specllm.decode import Decoder, Done, PrefillDone, StepDone, TokenCommitted, fixed_budget, generate_plain
+from specllm.drafters import ChainDrafter, ModelDrafter, NgramDrafter
+from specllm.sampling import SamplingParams, warp
+from specllm.stats import Stats
+from tests.fakes import FakeBackend
+from tests.stat_helpers import chi_square_pvalue
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
+
+
+def _drafters(kind, v=8, draft_seed=1):
+    if kind == "off":
+        return None
+    if kind == "ngram":
+        return NgramDrafter(1, 3)
+    draft = ModelDrafter(FakeBackend(n_vocab=v, seed=draft_seed), p_min=0.0)
+    return draft if kind == "draft" else ChainDrafter([NgramDrafter(2, 3), draft])
+
+
+def _run(decoder, prompt, n, params, seed=0):
+    events = list(decoder.generate(prompt, n, params, np.random.default_rng(seed)))
+    return events[-1], events
+
+
+@pytest.mark.parametrize("kind", ["off", "ngram", "draft", "ngram+draft"])
+@pytest.mark.parametrize("draft_max", [1, 3, 8])
+def test_greedy_speculation_equals_plain(kind, draft_max):
+    target = FakeBackend(seed=0)
+    reference = generate_plain(FakeBackend(seed=0), PROMPT, 40, GREEDY, np.random.default_rng(0))
+    done, events = _run(Decoder(target, _drafters(kind), fixed_budget(draft_max)), PROMPT, 40, GREEDY)
+    assert done.tokens == reference
+    assert [e.token for e in events if isinstance(e, TokenCommitted)] == reference
+
+
+def test_drafts_are_accepted_when_draft_equals_target():
+    target = FakeBackend(seed=0)
+    decoder = Decoder(target, ModelDrafter(FakeBackend(seed=0), p_min=0.0), fixed_budget(4))
+    done, events = _run(decoder, PROMPT, 20, GREEDY)
+    stats = Stats()
+    for e in events:
+        stats.update(e)
+    assert stats.acceptance_rate == 1.0
+    assert stats.target_passes == 4  # 20 tokens in passes of 5
+    assert stats.mean_accepted_length == 5.0
+
+
+def _exact_distribution(seed, prompt, length, params, v=8):
+    truth = FakeBackend(n_vocab=v, seed=seed)
+    dist = {}
+    for seq in itertools.product(range(v), repeat=length):
+        prob, context = 1.0, list(prompt)
+        for token in seq:
+            prob *= warp(truth.logits_after(context), params)[token]
+            if prob == 0.0:
+                break
+            context.append(token)
+        if prob > 0.0:
+            dist[seq] = prob
+    return dist
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft", "ngram+draft", "agreeing-draft"])
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), SamplingParams(temperature=0.7, top_k=4, top_p=0.9, min_p=0.05)],
+)
+def test_sampled_sequences_follow_the_target_distribution(kind, params):
+    v, length = 5, 3
+    prompt = [1, 2, 1, 2, 1]
+    expected = _exact_distribution(0, prompt, length, params, v)
+    target = FakeBackend(n_vocab=v, seed=0)
+    draft = {"agreeing-draft": ModelDrafter(FakeBackend(n_vocab=v, seed=0), p_min=0.0)}.get(kind) or _drafters(kind, v)
+    decoder = Decoder(target, draft, fixed_budget(3))
+    rng = np.random.default_rng(11)
+    samples = [tuple(Done_tokens(decoder, prompt, length, params, rng)) for _ in range(12000)]
+    assert chi_square_pvalue(samples, expected) > 1e-4
+
+
+def Done_tokens(decoder, prompt, n, params, rng):
+    for event in decoder.generate(prompt, n, params, rng):
+        if isinstance(event, Done):
+            return event.tokens
+
+
+def test_stops_at_end_of_generation_token():
+    target = FakeBackend(seed=0, eog=None)
+    reference = generate_plain(target, PROMPT, 30, GREEDY, np.random.default_rng(0))
+    eog = reference[5]
+    target = FakeBackend(seed=0, eog=eog)
+    done, _ = _run(Decoder(target, NgramDrafter(1, 3)), PROMPT, 30, GREEDY)
+    assert done.finish_reason == "stop"
+    assert done.tokens == reference[: reference.index(eog)]
+
+
+def test_max_tokens_is_exact_and_kv_holds_history_minus_last():
+    target = FakeBackend(seed=0)
+    decoder = Decoder(target, NgramDrafter(1, 3), fixed_budget(8))
+    done, _ = _run(decoder, PROMPT, 17, GREEDY)
+    assert len(done.tokens) == 17 and done.finish_reason == "length"
+    assert target.kv == decoder.history[:-1]
+
+
+def test_context_full_stops_with_reason_and_keeps_text():
+    target = FakeBackend(seed=0, n_ctx=20)
+    done, _ = _run(Decoder(target, NgramDrafter(1, 3)), PROMPT, 100, GREEDY)
+    assert done.finish_reason == "context"
+    assert len(PROMPT) + len(done.tokens) == 21  # every slot used; the last token needs no slot
+    assert done.tokens == generate_plain(FakeBackend(seed=0, n_ctx=20), PROMPT, 100, GREEDY, None)[: len(done.tokens)]
+
+
+def test_prompt_longer_than_context_is_refused():
+    from specllm.errors import SpecllmError
+
+    with pytest.raises(SpecllmError, match="context"):
+        list(Decoder(FakeBackend(n_ctx=4)).generate(PROMPT, 5, GREEDY, np.random.default_rng()))
+
+
+def test_next_turn_evaluates_only_new_tokens():
+    target = FakeBackend(seed=0)
+    decoder = Decoder(target, NgramDrafter(1, 3))
+    _run(decoder, PROMPT, 10, GREEDY)
+    held = len(decoder.history) - 1  # the KV cache holds all but the last committed token
+    turn2 = decoder.history + [4, 5, 6]
+    target.evaluations.clear()
+    _, events = _run(decoder, turn2, 5, GREEDY)
+    prefill = next(e for e in events if isinstance(e, PrefillDone))
+    assert prefill.reused_tokens == held
+    assert target.evaluations[0] == len(turn2) - 1 - held == 3
+    fresh = Decoder(FakeBackend(seed=0), NgramDrafter(1, 3))
+    fresh_done, _ = _run(fresh, turn2, 5, GREEDY)
+    assert _run(Decoder(FakeBackend(seed=0)), turn2, 5, GREEDY)[0].tokens == fresh_done.tokens
+
+
+def test_interrupted_generation_leaves_consistent_state():
+    target = FakeBackend(seed=0)
+    decoder = Decoder(target, NgramDrafter(1, 3), fixed_budget(4))
+    calls = iter(range(100))
+    events = list(decoder.generate(PROMPT, 50, GREEDY, np.random.default_rng(0), stop=lambda: next(calls) >= 3))
+    assert events[-1].finish_reason == "interrupted"
+    assert target.kv == decoder.history[:-1]
+    turn2 = decoder.history + [4]
+    continued = _run(decoder, turn2, 8, GREEDY)[0].tokens
+    assert continued == generate_plain(FakeBackend(seed=0), turn2, 8, GREEDY, None)
+
+
+def test_step_events_account_for_every_token():
+    target = FakeBackend(seed=0)
+    _, events = _run(Decoder(target, _drafters("ngram+draft")), PROMPT, 30, GREEDY)
+    steps = [e for e in events if isinstance(e, StepDone)]
+    assert sum(s.committed for s in steps) == 30
+    assert all(0 <= s.accepted <= s.drafted for s in steps)
+    assert target.evaluations[0] == len(PROMPT) - 1  # the prefill, then one target pass per step
+    assert target.evaluations[1:] == [s.drafted + 1 for s in steps]

@@ -1,0 +1,49 @@
+from specllm.ngram import NgramCache
+
+
+def test_proposes_continuation_of_latest_match():
+    cache = NgramCache(n_min=2, n_max=3)
+    cache.extend([1, 2, 3, 4, 9, 1, 2, 3, 5, 7, 1, 2, 3])
+    proposal = cache.propose(4)
+    assert proposal.tokens == [5, 7, 1, 2]  # the most recent earlier "1 2 3" was followed by 5
+    assert proposal.match_length == 3
+
+
+def test_longest_match_wins():
+    cache = NgramCache(n_min=1, n_max=3)
+    cache.extend([7, 8, 1, 2, 9, 5, 1, 2, 6, 7, 8, 1, 2])
+    # "8 1 2" (n=3) matched at the start, followed by 9; "1 2" alone most recently by 6.
+    assert cache.propose(1).tokens == [9]
+
+
+def test_no_match_no_proposal():
+    cache = NgramCache(n_min=2, n_max=4)
+    cache.extend([1, 2, 3, 4, 5])
+    assert cache.propose(4) is None
+    assert cache.propose(0) is None
+
+
+def test_incremental_equals_bulk():
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 1, 4, 1, 5]
+    bulk = NgramCache(2, 4)
+    bulk.extend(tokens)
+    step = NgramCache(2, 4)
+    for t in tokens:
+        step.extend([t])
+    assert bulk._index == step._index
+    assert bulk.propose(5) == step.propose(5)
+
+
+def test_truncate_forgets_later_tokens():
+    cache = NgramCache(2, 2)
+    cache.extend([1, 2, 3, 1, 2, 4])
+    cache.truncate(3)
+    assert cache.tokens == [1, 2, 3]
+    cache.extend([1, 2])
+    assert cache.propose(2).tokens == [3, 1]
+
+
+def test_index_size_bounded_by_history():
+    cache = NgramCache(2, 4)
+    cache.extend([i % 50 for i in range(5000)])
+    assert len(cache._index) <= 3 * len(cache)
