@@ -30,6 +30,9 @@ class Drafter(Protocol):
 
     def commit(self, history: list[int]) -> None: ...
 
+    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        """How the last proposal fared (for drafters that learn); optional."""
+
 
 class NgramDrafter:
     """Proposes what followed the longest recent match of the history's tail."""
@@ -67,22 +70,26 @@ class ModelDrafter:
         self.n_vocab = n_vocab or model.n_vocab  # the target's: q rows must line up with p rows
         self.kv_tokens: list[int] = []  # what the draft model's KV cache holds, in order
 
-    def propose(self, history, max_tokens, params, rng) -> Draft | None:
+    def propose(self, history, max_tokens, params, rng, keep_going=None) -> Draft | None:
+        """Draft token by token while `keep_going(confidence)` (default: confidence >= p_min).
+
+        Confidence is the draft's top probability, judged before sampling, so that stopping
+        never depends on the token drawn and each drafted token stays an exact sample of q_draft.
+        """
         if max_tokens <= 0:
             return None
+        keep_going = keep_going or (lambda confidence: confidence >= self.p_min)
         logits = self._catch_up(history)
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         while True:
-            # Stop on the draft's confidence before sampling, so that the decision does not
-            # depend on the token drawn and each drafted token stays an exact sample of q_draft.
             if params.greedy:
-                if _max_softmax(logits) < self.p_min:
+                if not keep_going(_max_softmax(logits)):
                     break
                 token = argmax(logits)
             else:
                 q_row = warp(logits, params)
-                if q_row.max() < self.p_min:
+                if not keep_going(float(q_row.max())):
                     break
                 token = sample(q_row, rng)
                 rows.append(q_row)

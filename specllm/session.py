@@ -10,20 +10,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specllm import ggufinfo
-from specllm.backend import LlamaBackend, LoadOptions
+from specllm.backend import LlamaBackend, LoadOptions, system_info
+from specllm.chat import encode_messages, encode_raw
+from specllm.costmodel import CostModel, load_costs, measure_costs, save_costs
 from specllm.decode import Decoder, fixed_budget
 from specllm.drafters import ChainDrafter, ModelDrafter, NgramDrafter
 from specllm.errors import SpecllmError, UsageError
+from specllm.policy import AutoDrafter, CostAwarePolicy
 
 STRATEGIES = ("auto", "off", "ngram", "draft", "ngram+draft")
 VOCAB_SIZE_TOLERANCE = 128  # as llama.cpp's speculative example allows
-VOCAB_CHECK_START = 5  # ids below this are control tokens that families renumber freely
+VOCAB_CHECK_START = 5
+AUTO_MAX_BATCH = 16  # auto drafts up to AUTO_MAX_BATCH - 1 tokens: the calibrated range  # ids below this are control tokens that families renumber freely
 
 
 @dataclass(frozen=True)
 class SpecConfig:
     strategy: str = "auto"
-    draft_max: int = 8
+    draft_max: int = 8  # for the fixed strategies; auto sizes drafts itself, up to AUTO_DRAFT_MAX
     draft_p_min: float = 0.6
     ngram_min: int = 2
     ngram_max: int = 4
@@ -55,8 +59,16 @@ class ModelPaths:
 class Engine:
     """A loaded target (and optional draft model), ready to hand out decoders."""
 
-    def __init__(self, paths: ModelPaths, spec: SpecConfig, target_options: LoadOptions, draft_options: LoadOptions):
+    def __init__(
+        self,
+        paths: ModelPaths,
+        spec: SpecConfig,
+        target_options: LoadOptions,
+        draft_options: LoadOptions,
+        cost_cache: Path | None = None,
+    ):
         self.spec = spec.validate()
+        self.cost_cache = cost_cache
         target_info = ggufinfo.inspect(paths.target)
         draft_info = None
         if paths.draft is not None and spec.uses_draft_model:
@@ -65,12 +77,35 @@ class Engine:
         if spec.strategy == "draft" and draft_info is None:
             raise UsageError("--spec draft needs a draft model: pass --draft PATH or a preset that has one")
         self.target_info, self.draft_info = target_info, draft_info
+        self._costs: CostModel | None = None
         self.target = LlamaBackend(paths.target, target_options)
         self.draft = None
         if draft_info is not None:
             self.draft = LlamaBackend(paths.draft, replace(draft_options, n_ctx=self.target.n_ctx))
             if draft_info.tokens_digest != target_info.tokens_digest:
                 check_vocab_texts(self.target, self.draft)
+
+    def encode(self, text: str, system: str | None = None, raw: bool = False) -> list[int]:
+        """A user prompt as target tokens: through the chat template, or as is with `raw`."""
+        if raw:
+            return encode_raw(self.target, (system + "\n\n" if system else "") + text)
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        return encode_messages(self.target, messages)
+
+    def costs(self, max_batch: int = AUTO_MAX_BATCH) -> CostModel:
+        """This machine's cost curve for these models: from the cost cache when it matches, else measured."""
+        if self._costs is None or max(self._costs.batch_seconds) < max_batch:
+            key = self._cost_key(max_batch)
+            self._costs = load_costs(self.cost_cache, key)
+            if self._costs is None:
+                self._costs = measure_costs(self.target, self.draft, max_batch=max_batch)
+                save_costs(self.cost_cache, key, self._costs)
+        return self._costs
+
+    def _cost_key(self, max_batch: int) -> str:
+        parts = [self.target_info, self.draft_info]
+        files = [f"{info.path.name}:{info.size}:{info.path.stat().st_mtime_ns}" for info in parts if info is not None]
+        return "|".join(files + [f"threads={self.target.n_threads}", f"ngl={self.target.n_gpu_layers}", f"max={max_batch}", system_info()])
 
     def decoder(self, strategy: str | None = None) -> Decoder:
         """A fresh decoder (empty history, KV caches cleared) for a strategy."""
@@ -79,10 +114,15 @@ class Engine:
         self.target.rewind(0)
         if self.draft is not None:
             self.draft.rewind(0)
+        if strategy == "auto":
+            model = ModelDrafter(self.draft, spec.draft_p_min, self.target.n_vocab) if self.draft else None
+            policy = CostAwarePolicy(self.costs().copy(), draft_max=AUTO_MAX_BATCH - 1)
+            drafter = AutoDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max), model, policy)
+            return Decoder(self.target, drafter, lambda history, limit: limit)
         drafters = []
-        if strategy in ("auto", "ngram", "ngram+draft"):
+        if strategy in ("ngram", "ngram+draft"):
             drafters.append(NgramDrafter(spec.ngram_min, spec.ngram_max))
-        if strategy in ("auto", "draft", "ngram+draft") and self.draft is not None:
+        if strategy in ("draft", "ngram+draft") and self.draft is not None:
             drafters.append(ModelDrafter(self.draft, spec.draft_p_min, self.target.n_vocab))
         if strategy == "draft" and self.draft is None:
             raise UsageError("--spec draft needs a draft model: pass --draft PATH or a preset that has one")

@@ -73,7 +73,7 @@ def open_engine(
             draft_path = registry.resolve_model(draft_name, reg, progress=download_progress(), warn=warn)
     options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers)
     draft_options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers_draft)
-    return Engine(ModelPaths(target_path, draft_path), spec, options, draft_options)
+    return Engine(ModelPaths(target_path, draft_path), spec, options, draft_options, registry.cache_dir() / "costs.json")
 
 
 def warn(message: str) -> None:

@@ -1,0 +1,209 @@
+"""The benchmark harness: every strategy on the same prompts, interleaved, in one process.
+
+No printing here: `run_bench` yields one `Run` per generation and `summarize` turns runs into
+the rows the CLI renders. Figures are ratios measured in the same run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from specllm.costmodel import CostModel
+from specllm.decode import Done
+from specllm.ngram import NgramCache
+from specllm.sampling import SamplingParams
+from specllm.stats import Stats
+from specllm.workloads import Prompt
+
+
+@dataclass
+class Run:
+    prompt: Prompt
+    strategy: str
+    repeat: int
+    prompt_tokens: list[int]
+    tokens: list[int]
+    stats: Stats
+    text: str = ""
+
+
+@dataclass
+class BenchSettings:
+    strategies: list[str]
+    max_tokens: int = 128
+    params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
+    seed: int = 0
+    repeats: int = 1
+    warm: bool = False  # keep KV and n-gram state between prompts (inflates results; off by default)
+
+
+def run_bench(engine, prompts: list[Prompt], settings: BenchSettings) -> Iterator[Run]:
+    """Interleave strategies prompt by prompt (rotating their order) so drift hits all alike."""
+    _warm_up(engine, prompts[0], settings)
+    decoders = {}
+    for repeat in range(settings.repeats):
+        for index, prompt in enumerate(prompts):
+            tokens = engine.encode(prompt.text)
+            shift = (index + repeat) % len(settings.strategies)
+            for strategy in settings.strategies[shift:] + settings.strategies[:shift]:
+                if settings.warm and strategy in decoders:
+                    decoder = decoders[strategy]
+                else:
+                    decoder = decoders[strategy] = engine.decoder(strategy)
+                yield _one_run(decoder, prompt, strategy, repeat, tokens, settings)
+
+
+def _warm_up(engine, prompt: Prompt, settings: BenchSettings) -> None:
+    tokens = engine.encode(prompt.text)
+    for strategy in settings.strategies:
+        decoder = engine.decoder(strategy)
+        for _ in decoder.generate(tokens, 8, settings.params, np.random.default_rng(settings.seed)):
+            pass
+
+
+def _one_run(decoder, prompt, strategy, repeat, tokens, settings) -> Run:
+    stats, done = Stats(), None
+    rng = np.random.default_rng(settings.seed + repeat)
+    for event in decoder.generate(tokens, settings.max_tokens, settings.params, rng):
+        stats.update(event)
+        if isinstance(event, Done):
+            done = event
+    return Run(prompt, strategy, repeat, tokens, done.tokens, stats, done.text)
+
+
+# -- figures ------------------------------------------------------------------------------
+
+
+def summarize(runs: list[Run], costs: CostModel | None, greedy: bool, ngram_sizes=(2, 4)) -> list[dict]:
+    """One row per (category, strategy), plus an "all" category, with speedups against `off`."""
+    rows = []
+    categories = sorted({r.prompt.category for r in runs})
+    for category in categories + (["all"] if len(categories) > 1 else []):
+        chosen = [r for r in runs if category in ("all", r.prompt.category)]
+        by_strategy: dict[str, list[Run]] = {}
+        for run in chosen:
+            by_strategy.setdefault(run.strategy, []).append(run)
+        off = by_strategy.get("off")
+        off_tok_s = _tok_per_s(off) if off else None
+        oracle = oracle_speedup(off, costs, ngram_sizes) if off and costs and greedy else None
+        for strategy, group in by_strategy.items():
+            rows.append(_row(category, strategy, group, off, off_tok_s, oracle, costs, greedy))
+    return rows
+
+
+def _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy) -> dict:
+    total = Stats()
+    for run in group:
+        _merge(total, run.stats)
+    tok_s = _tok_per_s(group)
+    speedup = tok_s / off_tok_s if off_tok_s else None
+    row = {
+        "strategy": strategy,
+        "category": category,
+        "prompts": len({(r.prompt.id, r.repeat) for r in group}),
+        "tokens": total.tokens,
+        "seconds": round(total.seconds, 3),
+        "tok_per_s": round(tok_s, 2),
+        "prompt_tokens": total.prompt_tokens,
+        "prefill_tok_per_s": round(total.prompt_tokens / total.prefill_seconds, 1) if total.prefill_seconds else None,
+        "speedup": round(speedup, 3) if speedup is not None else None,
+        "acceptance_rate": round(total.acceptance_rate, 4),
+        "mean_accepted_length": round(total.mean_accepted_length, 3),
+        "per_position": [round(a / d, 3) if d else 0.0 for d, a in total.per_position],
+        "draft_share": round(total.draft_seconds / total.seconds, 4) if total.seconds else 0.0,
+        "by_source": {k: {"drafted": v.drafted, "accepted": v.accepted} for k, v in total.by_source.items()},
+        "identical_to_off": _identical(group, off) if greedy and off else None,
+        "oracle_speedup": round(oracle, 3) if oracle else None,
+        "share_of_oracle": round(speedup / oracle, 3) if oracle and speedup else None,
+    }
+    row["expected_speedup"] = _expected(total, costs)
+    return row
+
+
+def _merge(total: Stats, part: Stats) -> None:
+    for name in ("prompt_tokens", "prefill_seconds", "tokens", "target_passes", "drafted", "accepted", "seconds", "draft_seconds", "verify_seconds"):
+        setattr(total, name, getattr(total, name) + getattr(part, name))
+    for name, source in part.by_source.items():
+        mine = total.by_source.setdefault(name, type(source)())
+        mine.steps += source.steps
+        mine.drafted += source.drafted
+        mine.accepted += source.accepted
+    for i, (d, a) in enumerate(part.per_position):
+        if i == len(total.per_position):
+            total.per_position.append([0, 0])
+        total.per_position[i][0] += d
+        total.per_position[i][1] += a
+
+
+def _tok_per_s(group: list[Run]) -> float:
+    seconds = sum(r.stats.seconds for r in group)
+    return sum(r.stats.tokens for r in group) / seconds if seconds else 0.0
+
+
+def _identical(group: list[Run], off: list[Run]) -> bool:
+    reference = {(r.prompt.id, r.repeat): r.tokens for r in off}
+    return all(r.tokens == reference.get((r.prompt.id, r.repeat)) for r in group)
+
+
+def _expected(total: Stats, costs: CostModel | None) -> float | None:
+    """The textbook speedup from the measured acceptance, draft length and costs."""
+    steps = sum(s.steps for s in total.by_source.values())
+    if not costs or not steps or not total.drafted:
+        return None
+    gamma = total.drafted / steps
+    per_token_draft = total.draft_seconds / total.drafted
+    c = per_token_draft / costs.verify(1)
+    v = costs.relative(round(gamma) + 1)
+    return round(expected_speedup(total.acceptance_rate, gamma, c, v), 3)
+
+
+def expected_speedup(alpha: float, gamma: float, c: float, v: float) -> float:
+    """(1 - α^(γ+1)) / ((1 - α)(γc + v)): tokens per pass over the pass's cost relative to plain decoding.
+
+    α: per-token acceptance, γ: tokens drafted per step, c: cost of drafting one token relative
+    to one target token, v: cost of verifying γ+1 tokens relative to one.
+    """
+    if alpha >= 1.0:
+        committed = gamma + 1
+    else:
+        committed = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return committed / (gamma * c + v)
+
+
+def oracle_speedup(off: list[Run], costs: CostModel, ngram_sizes=(2, 4)) -> float | None:
+    """The best any n-gram policy could do: replay off's text, draft only the proposal's correct
+    prefix, trimmed to the length that pays best under the measured cost curve."""
+    plain = spent = 0.0
+    max_draft = max(costs.batch_seconds) - 1
+    for run in off:
+        plain += len(run.tokens) * costs.verify(1)
+        spent += oracle_cost(run.prompt_tokens, run.tokens, costs, ngram_sizes, max_draft)
+    return plain / spent if spent else None
+
+
+def oracle_cost(prompt: list[int], generated: list[int], costs: CostModel, ngram_sizes, max_draft: int) -> float:
+    cache = NgramCache(*ngram_sizes)
+    cache.extend(prompt)
+    i, spent = 0, 0.0
+    while i < len(generated):
+        limit = min(max_draft, len(generated) - i - 1)
+        proposal = cache.propose(limit)
+        correct = 0
+        if proposal is not None:
+            for drafted, actual in zip(proposal.tokens, generated[i:]):
+                if drafted != actual:
+                    break
+                correct += 1
+        k = max(range(correct + 1), key=lambda n: (n + 1) / costs.verify(n + 1))
+        spent += costs.verify(k + 1)
+        cache.extend(generated[i : i + k + 1])
+        i += k + 1
+    return spent
+
+
+# -- progress ----------------------------------------------------------------------------
+
+ProgressFn = Callable[[Run], None]

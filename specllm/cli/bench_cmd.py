@@ -1,0 +1,242 @@
+"""`specllm bench`: every strategy side by side on the same prompts, with the theory beside it."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from specllm.backend import system_info
+from specllm.bench import BenchSettings, run_bench, summarize
+from specllm.cli import app
+from specllm.cli import common as c
+from specllm.errors import SpecllmError, UsageError
+from specllm.session import STRATEGIES, SpecConfig
+from specllm.workloads import load_prompts
+
+
+@app.command()
+def bench(
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Spec-Bench style JSONL (question_id, category, turns). [default: built-in set]")] = None,
+    categories: Annotated[Optional[str], typer.Option("--categories", help="Comma-separated categories to keep.")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="At most this many prompts per category.")] = None,
+    strategies: Annotated[str, typer.Option("--strategies", help="Comma-separated strategies; `off` is always included.")] = ",".join(STRATEGIES[1:] + STRATEGIES[:1]),
+    max_tokens: c.MaxTokens = 128,
+    temp: c.Temp = 0.0,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    repeats: Annotated[int, typer.Option("--repeats", help="Runs of every prompt per strategy.")] = 1,
+    warm: Annotated[bool, typer.Option("--warm", help="Keep KV and n-gram state between prompts (inflates results).")] = False,
+    json_file: Annotated[Optional[Path], typer.Option("--json", help="Write everything as JSON to this file.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG chart (needs matplotlib).")] = None,
+    model: c.Model = None,
+    draft: c.Draft = None,
+    draft_max: c.DraftMax = 8,
+    draft_p_min: c.DraftPMin = 0.6,
+    ngram_min: c.NgramMin = 2,
+    ngram_max: c.NgramMax = 4,
+    ctx_size: c.CtxSize = 4096,
+    threads: c.Threads = None,
+    gpu_layers: c.GpuLayers = -1,
+    gpu_layers_draft: c.GpuLayersDraft = -1,
+) -> None:
+    """Measure plain decoding against each speculation strategy on the same prompts."""
+    c.check_common(max_tokens, ctx_size, threads)
+    if repeats < 1 or (limit is not None and limit < 1):
+        raise UsageError("--repeats and --limit must be at least 1")
+    chosen = _strategies(strategies)
+    params = c.sampling_params(temp, 40, 0.95, 0.05, seed)
+    if plot is not None:
+        _check_matplotlib()
+    workload = load_prompts(prompts, _split(categories), limit)
+    spec = SpecConfig("ngram+draft", draft_max, draft_p_min, ngram_min, ngram_max).validate()
+    engine = c.open_engine(model, draft, spec, ctx_size, threads, gpu_layers, gpu_layers_draft)
+    if any(s in ("draft", "ngram+draft") for s in chosen) and engine.draft is None:
+        chosen = [s for s in chosen if s not in ("draft", "ngram+draft")]
+        c.warn("no draft model: skipping the draft and ngram+draft strategies")
+    c.stderr.print("measuring the verification cost curve ...")
+    costs = engine.costs(max_batch=32)
+    settings = BenchSettings(chosen, max_tokens, params, seed, repeats, warm)
+    runs, partial = _collect(engine, workload, settings)
+    rows = summarize(runs, costs, params.greedy, (ngram_min, ngram_max))
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    out.print(_table(rows))
+    out.print(_bars(rows))
+    out.print(_curve_line(costs))
+    report = _report(engine, settings, costs, rows, runs, workload, partial, prompts)
+    if json_file is not None:
+        _write(json_file, json.dumps(report, indent=1))
+    if plot is not None:
+        _plot(rows, plot)
+    if partial:
+        raise KeyboardInterrupt
+
+
+def _strategies(text: str) -> list[str]:
+    chosen = _split(text) or []
+    unknown = [s for s in chosen if s not in STRATEGIES]
+    if unknown:
+        raise UsageError(f"unknown strategies {', '.join(unknown)}; choose from {', '.join(STRATEGIES)}")
+    return ["off"] + [s for s in dict.fromkeys(chosen) if s != "off"]
+
+
+def _split(text: str | None) -> list[str] | None:
+    return [part.strip() for part in text.split(",") if part.strip()] if text else None
+
+
+def _collect(engine, workload, settings):
+    """Run everything with a progress bar; Ctrl-C keeps what finished and marks it partial."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    total = len(workload) * len(settings.strategies) * settings.repeats
+    runs = []
+    bar = Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=c.stderr, transient=True, disable=not sys.stderr.isatty())
+    with bar:
+        task = bar.add_task("warming up", total=total)
+        try:
+            for run in run_bench(engine, workload, settings):
+                runs.append(run)
+                bar.update(task, advance=1, description=f"{run.prompt.category} {run.strategy} {run.stats.tok_per_s:.1f} tok/s")
+        except KeyboardInterrupt:
+            c.stderr.print(f"interrupted: reporting the {len(runs)} of {total} runs that finished (partial)")
+            return _complete_prompts(runs), True
+    return runs, False
+
+
+def _complete_prompts(runs):
+    """Keep only prompts that every strategy finished, so ratios compare like with like."""
+    done = {}
+    for run in runs:
+        done.setdefault((run.prompt.id, run.repeat), set()).add(run.strategy)
+    wanted = max((len(s) for s in done.values()), default=0)
+    return [r for r in runs if len(done[(r.prompt.id, r.repeat)]) == wanted]
+
+
+def _table(rows) -> Table:
+    table = Table(title="specllm bench (speedup = tok/s against off, same run)")
+    for name in ("category", "strategy", "prompts", "tokens", "tok/s", "speedup", "accept", "tok/pass", "draft %", "expected", "oracle", "of oracle", "same as off"):
+        table.add_column(name, justify="left" if name in ("category", "strategy") else "right")
+    for r in rows:
+        table.add_row(
+            r["category"], r["strategy"], str(r["prompts"]), str(r["tokens"]), f"{r['tok_per_s']:.1f}",
+            _fmt(r["speedup"], "x"), f"{r['acceptance_rate']:.0%}" if r["strategy"] != "off" else "-",
+            f"{r['mean_accepted_length']:.2f}", f"{r['draft_share']:.0%}", _fmt(r["expected_speedup"], "x"),
+            _fmt(r["oracle_speedup"], "x"), _fmt(r["share_of_oracle"], "", pct=True),
+            {True: "yes", False: "NO", None: "-"}[r["identical_to_off"]],
+        )  # fmt: skip
+    return table
+
+
+def _fmt(value, unit: str, pct: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0%}" if pct else f"{value:.2f}{unit}"
+
+
+def _bars(rows) -> str:
+    """A terminal bar chart of speedup per category and strategy."""
+    lines = ["speedup against off (| marks 1.0x)"]
+    scale = 20
+    for r in rows:
+        if r["strategy"] == "off" or r["speedup"] is None:
+            continue
+        n = max(0, round(r["speedup"] * scale))
+        bar = ("█" * n)[:scale] + "|" + ("█" * max(0, n - scale)) if n >= scale else "█" * n + " " * (scale - n) + "|"
+        lines.append(f"{r['category'][:14]:>14} {r['strategy']:<12} {bar} {r['speedup']:.2f}x")
+    return "\n".join(lines)
+
+
+def _curve_line(costs) -> str:
+    return "verify cost (batch: x one token): " + ", ".join(f"{p['batch']}: {p['relative']:.2f}" for p in costs.curve())
+
+
+def _report(engine, settings, costs, rows, runs, workload, partial, prompts_file) -> dict:
+    return {
+        "partial": partial,
+        "machine": {
+            "platform": platform.platform(),
+            "processor": _cpu_name(),
+            "cpu_count": os.cpu_count(),
+            "threads": engine.target.n_threads,
+            "gpu_layers": {"target": engine.target.n_gpu_layers, "draft": engine.draft.n_gpu_layers if engine.draft else None},
+            "llama_cpp": system_info(),
+        },
+        "models": {
+            role: {"path": str(info.path), "bytes": info.size, "architecture": info.architecture}
+            for role, info in (("target", engine.target_info), ("draft", engine.draft_info))
+            if info is not None
+        },
+        "settings": {
+            "prompts_file": str(prompts_file) if prompts_file else "built-in",
+            "prompts": len(workload),
+            "strategies": settings.strategies,
+            "max_tokens": settings.max_tokens,
+            "temperature": settings.params.temperature,
+            "seed": settings.seed,
+            "repeats": settings.repeats,
+            "warm": settings.warm,
+            "spec": vars(engine.spec),
+        },
+        "verify_cost": costs.curve(),
+        "draft_cost_relative": round(costs.draft_seconds / costs.verify(1), 3) if costs.draft_seconds else None,
+        "results": rows,
+        "runs": [
+            {"prompt": r.prompt.id, "category": r.prompt.category, "strategy": r.strategy, "repeat": r.repeat, **r.stats.to_dict()}
+            for r in runs
+        ],
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text + "\n", "utf-8")
+    except OSError as exc:
+        raise SpecllmError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _check_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'specllm[plot]'") from None
+
+
+def _plot(rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if r["strategy"] != "off" and r["speedup"] is not None]
+    categories = list(dict.fromkeys(r["category"] for r in shown))
+    strategies = list(dict.fromkeys(r["strategy"] for r in shown))
+    fig, ax = plt.subplots(figsize=(max(6, len(categories) * 1.2), 4))
+    width = 0.8 / max(len(strategies), 1)
+    for i, strategy in enumerate(strategies):
+        values = [next((r["speedup"] for r in shown if r["category"] == cat and r["strategy"] == strategy), 0) for cat in categories]
+        ax.bar([x + i * width for x in range(len(categories))], values, width, label=strategy)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + width * (len(strategies) - 1) / 2 for x in range(len(categories))], categories, rotation=30, ha="right")
+    ax.set_ylabel("speedup against off")
+    ax.legend()
+    fig.tight_layout()
+    try:
+        fig.savefig(path)
+    except OSError as exc:
+        raise SpecllmError(f"cannot write {path}: {exc.strerror or exc}") from None

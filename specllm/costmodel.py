@@ -1,0 +1,139 @@
+"""What a target pass and a draft step cost on this machine, with these models.
+
+`measure_costs` times the target on batches of 1..max_batch tokens (and the draft model on
+one token) in a second or two; `CostModel` answers `verify(k)` (seconds to evaluate a
+batch of k tokens) and keeps learning from the timings of real steps as generation goes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+LEARNING_RATE = 0.1  # weight of one observed step in the running estimate
+
+
+@dataclass
+class CostModel:
+    batch_seconds: dict[int, float]  # measured seconds for a target batch of k tokens
+    draft_seconds: float = 0.0  # one draft-model step (one token)
+    observed: dict[int, int] = field(default_factory=dict)
+
+    def verify(self, k: int) -> float:
+        """Seconds for one target pass over k tokens (interpolated between measured sizes)."""
+        sizes = sorted(self.batch_seconds)
+        if k in self.batch_seconds:
+            return self.batch_seconds[k]
+        if k > sizes[-1]:  # beyond the measurements: grow linearly with the last slope
+            a, b = sizes[-2], sizes[-1]
+            slope = (self.batch_seconds[b] - self.batch_seconds[a]) / (b - a)
+            return self.batch_seconds[b] + slope * (k - b)
+        return float(np.interp(k, sizes, [self.batch_seconds[s] for s in sizes]))
+
+    def copy(self) -> "CostModel":
+        return CostModel(dict(self.batch_seconds), self.draft_seconds)
+
+    def relative(self, k: int) -> float:
+        return self.verify(k) / self.verify(1)
+
+    def observe_verify(self, k: int, seconds: float) -> None:
+        """Fold a real step's timing into the estimate for its batch size."""
+        if k in self.batch_seconds:
+            self.batch_seconds[k] += LEARNING_RATE * (seconds - self.batch_seconds[k])
+            self.observed[k] = self.observed.get(k, 0) + 1
+
+    def observe_draft(self, seconds_per_token: float) -> None:
+        self.draft_seconds += LEARNING_RATE * (seconds_per_token - self.draft_seconds)
+
+    def curve(self) -> list[dict]:
+        base = self.verify(1)
+        return [
+            {"batch": k, "ms": round(s * 1000, 2), "relative": round(s / base, 3)}
+            for k, s in sorted(self.batch_seconds.items())
+        ]
+
+    def to_dict(self) -> dict:
+        return {"batch_seconds": {str(k): v for k, v in self.batch_seconds.items()}, "draft_seconds": self.draft_seconds}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostModel":
+        return cls({int(k): float(v) for k, v in data["batch_seconds"].items()}, float(data.get("draft_seconds", 0.0)))
+
+
+def measure_costs(target, draft=None, max_batch: int = 16, context: int = 64, repeats: int = 2) -> CostModel:
+    """Time target batches (and a draft step) at a realistic depth; leaves both KV caches empty.
+
+    Sizes are timed in rounds, the first one untimed (llama.cpp sizes its compute graph on
+    first use), and the fastest round counts: a noisy neighbour only ever adds time. A batch
+    is then held between one token's cost and k times it, which the hardware guarantees.
+    """
+    sizes = [k for k in BATCH_SIZES if k <= max_batch]
+    filler = _filler_tokens(target, context)
+    best = {k: float("inf") for k in sizes}
+    draft_best = float("inf")
+    for round_ in range(repeats + 1):
+        for k in sizes:
+            elapsed = _time_batch(target, filler, k)
+            if round_:
+                best[k] = min(best[k], elapsed)
+        if draft is not None:
+            elapsed = _time_batch(draft, filler, 1)
+            if round_:
+                draft_best = min(draft_best, elapsed)
+    target.rewind(0)
+    if draft is not None:
+        draft.rewind(0)
+    one = best[1]
+    batch_seconds = {k: min(max(s, one), k * one) for k, s in best.items()}
+    return CostModel(batch_seconds, draft_best if draft is not None else 0.0)
+
+
+def _filler_tokens(backend, n: int) -> list[int]:
+    tokens = backend.tokenize("def f(x):\n    return x * 2\n" * 16)
+    return (tokens * (n // max(len(tokens), 1) + 1))[:n]
+
+
+def _time_batch(backend, filler: list[int], k: int) -> float:
+    """Seconds for one pass over k tokens after `filler` (evaluated once and kept)."""
+    if backend.n_past != len(filler):
+        backend.rewind(0)
+        backend.evaluate(filler, [])
+    batch = (filler * (k // len(filler) + 1))[:k]
+    started = time.perf_counter()
+    backend.evaluate(batch, list(range(k)))
+    elapsed = time.perf_counter() - started
+    backend.rewind(len(filler))
+    return elapsed
+
+
+def load_costs(path: Path | None, key: str) -> CostModel | None:
+    """A cost model saved for exactly this machine, build and model set (`key`), or None."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        entry = json.loads(path.read_text("utf-8")).get(key)
+        return CostModel.from_dict(entry) if entry else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a damaged cache is simply measured again
+
+
+def save_costs(path: Path | None, key: str, costs: CostModel) -> None:
+    if path is None:
+        return
+    try:
+        data = json.loads(path.read_text("utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        data = {}
+    data[key] = costs.to_dict()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1), "utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass  # caching is an optimisation; measuring again next time is fine

@@ -1,0 +1,191 @@
+"""Cost-aware speculation (`--spec auto`): what to draft, and how much, at every step.
+
+The rule: a drafted token is worth its cost when the tokens it is expected to add exceed
+what the time it costs would earn at the running throughput R (tokens per second). So at
+each step we maximise  E[committed] - R * E[seconds]  using
+  - the cost model: target pass time for a batch of k tokens, draft-model step time;
+  - acceptance estimates learned during this generation: for n-gram proposals by match
+    length and by whether the previous proposal was fully accepted, for the draft model by
+    its own confidence. Beta priors keep early estimates sane.
+With flat verification costs (a GPU) this drafts long; with steep costs and poor acceptance
+it stops drafting; it consults the draft model only while that has been paying.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from specllm.costmodel import CostModel
+from specllm.drafters import Draft, ModelDrafter, NgramDrafter
+
+CONFIDENCE_EDGES = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.01)
+PRIOR_WEIGHT = 2.0
+THROUGHPUT_DECAY = 0.1  # weight of one step in the running throughput
+MAX_BACKOFF = 64
+
+
+@dataclass
+class Beta:
+    """Acceptance of one drafted token, counted with censoring (tokens after a rejection are unseen)."""
+
+    accepted: float
+    rejected: float
+
+    @classmethod
+    def prior(cls, mean: float) -> "Beta":
+        return cls(mean * PRIOR_WEIGHT, (1 - mean) * PRIOR_WEIGHT)
+
+    @property
+    def mean(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+    @property
+    def optimistic(self) -> float:
+        """Mean plus one standard deviation: untried kinds of draft get tried, tried ones settle."""
+        a, b = self.accepted, self.rejected
+        std = (a * b / ((a + b) ** 2 * (a + b + 1))) ** 0.5
+        return min(0.99, self.mean + std)
+
+    def observe(self, accepted: int, rejected: bool) -> None:
+        self.accepted += accepted
+        self.rejected += rejected
+
+
+class CostAwarePolicy:
+    """Learns acceptance and throughput from step outcomes; answers how much to draft."""
+
+    def __init__(self, costs: CostModel, draft_max: int = 32):
+        self.costs = costs
+        self.draft_max = draft_max
+        self.throughput = 1.0 / costs.verify(1)  # R: start from plain decoding's speed
+        self.ngram: dict[tuple[int, bool], Beta] = {}
+        self.confidence = [Beta.prior(min(0.95, (lo + hi) / 2)) for lo, hi in zip(CONFIDENCE_EDGES, CONFIDENCE_EDGES[1:])]
+        self.last_full = True  # was the previous draft fully accepted?
+        self.draft_gain = 0.0  # running advantage of consulting the draft model, in tokens per step
+        self.skip_draft = 0  # steps left before the draft model is consulted again
+        self.backoff = 1
+        self.chosen_lengths: dict[str, list[int]] = {"ngram": [], "draft": []}
+
+    # -- n-gram ---------------------------------------------------------------------------
+
+    def ngram_estimate(self, match_length: int) -> Beta:
+        key = (match_length, self.last_full)
+        if key not in self.ngram:
+            self.ngram[key] = Beta.prior(0.5)
+        return self.ngram[key]
+
+    def ngram_length(self, available: int, match_length: int) -> int:
+        """Best number of proposed tokens to draft (0: not worth verifying)."""
+        a = self.ngram_estimate(match_length).optimistic
+        return self.best_length([a] * min(available, self.draft_max), 0.0)
+
+    def best_length(self, acceptance: list[float], draft_seconds: float) -> int:
+        """argmax over k of E[committed | k drafted] - R * (time of verifying k+1 tokens)."""
+        best_k, best_value = 0, 1.0 - self.throughput * self.costs.verify(1)
+        survive, expected = 1.0, 1.0
+        for k, a in enumerate(acceptance, start=1):
+            survive *= a
+            expected += survive
+            value = expected - self.throughput * (self.costs.verify(k + 1) + draft_seconds)
+            if value > best_value:
+                best_k, best_value = k, value
+        return best_k
+
+    # -- draft model ----------------------------------------------------------------------
+
+    def consult_draft(self) -> bool:
+        if self.skip_draft > 0:
+            self.skip_draft -= 1
+            return False
+        return True
+
+    def confidence_estimate(self, confidence: float) -> Beta:
+        return self.confidence[int(np.searchsorted(CONFIDENCE_EDGES, confidence, side="right")) - 1]
+
+    def worth_drafting_more(self, acceptance: list[float], next_acceptance: float) -> bool:
+        """After k drafted tokens: does drafting the next (one more draft step, a bigger batch) pay?"""
+        k = len(acceptance)
+        survive = float(np.prod(acceptance)) if acceptance else 1.0
+        gain = survive * next_acceptance
+        cost = self.costs.draft_seconds + self.costs.verify(k + 2) - self.costs.verify(k + 1)
+        return gain > self.throughput * cost
+
+    # -- learning -------------------------------------------------------------------------
+
+    def observe(self, draft: Draft, accepted: int, seconds: float, acceptance_keys: list[Beta]) -> None:
+        """One verified step: update acceptance (censored), throughput and the draft model's standing."""
+        drafted = len(draft.tokens)
+        for i, estimate in enumerate(acceptance_keys[: accepted + 1]):
+            estimate.observe(i < accepted, i == accepted and accepted < drafted)
+        if drafted:
+            self.chosen_lengths[draft.source].append(drafted)
+            self.last_full = accepted == drafted
+        committed = accepted + 1
+        plain_rate = 1.0 / self.costs.verify(1)
+        if seconds > 0:
+            self.throughput += THROUGHPUT_DECAY * (committed / seconds - self.throughput)
+            self.throughput = max(self.throughput, plain_rate)  # never aim below plain decoding
+        if draft.source == "draft":
+            # The step's advantage over what plain decoding would have made in the same time.
+            self.score_draft(committed - plain_rate * seconds)
+
+    def score_draft(self, advantage: float) -> None:
+        """Keep a running advantage of consulting the draft model; back off while it is negative."""
+        self.draft_gain += 0.25 * (advantage - self.draft_gain)
+        if self.draft_gain < 0:
+            self.skip_draft, self.backoff = self.backoff, min(self.backoff * 2, MAX_BACKOFF)
+        else:
+            self.backoff = 1
+
+
+class AutoDrafter:
+    """The n-gram cache first, sized by the policy; the draft model when it pays."""
+
+    def __init__(self, ngram: NgramDrafter, model: ModelDrafter | None, policy: CostAwarePolicy):
+        self.ngram, self.model, self.policy = ngram, model, policy
+        self._keys: list[Beta] = []
+
+    def propose(self, history, max_tokens, params, rng) -> Draft | None:
+        self.ngram.commit(history)
+        self._keys = []
+        proposal = self.ngram.cache.propose(min(max_tokens, self.policy.draft_max))
+        if proposal is not None and proposal.tokens:
+            k = self.policy.ngram_length(len(proposal.tokens), proposal.match_length)
+            if k > 0:
+                self._keys = [self.policy.ngram_estimate(proposal.match_length)] * k
+                return Draft(proposal.tokens[:k], None, "ngram", proposal.match_length)
+        if self.model is not None and self.policy.consult_draft():
+            return self._propose_from_model(history, min(max_tokens, self.policy.draft_max), params, rng)
+        return None
+
+    def _propose_from_model(self, history, max_tokens, params, rng) -> Draft | None:
+        acceptance: list[float] = []
+
+        def keep_going(confidence: float) -> bool:
+            estimate = self.policy.confidence_estimate(confidence)
+            if not self.policy.worth_drafting_more(acceptance, estimate.optimistic):
+                return False
+            acceptance.append(estimate.optimistic)
+            self._keys.append(estimate)
+            return True
+
+        started = time.perf_counter()
+        draft = self.model.propose(history, max_tokens, params, rng, keep_going=keep_going)
+        if draft is None:  # the draft model was not confident: its time bought nothing
+            self.policy.score_draft(-(time.perf_counter() - started) / self.policy.costs.verify(1))
+        return draft
+
+    def commit(self, history) -> None:
+        self.ngram.commit(history)
+        if self.model is not None:
+            self.model.commit(history)
+
+    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        costs = self.policy.costs
+        costs.observe_verify(len(draft.tokens) + 1, verify_seconds)
+        if draft.source == "draft":
+            costs.observe_draft(draft_seconds / len(draft.tokens))
+        self.policy.observe(draft, accepted, draft_seconds + verify_seconds, self._keys)
