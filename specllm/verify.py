@@ -70,7 +70,17 @@ def verify(
     params: SamplingParams,
     rng: np.random.Generator,
 ) -> Verdict:
-    """Dispatch on temperature. `target_logits` are raw rows; warping happens here."""
+    """Dispatch on temperature. `target_logits` are raw rows; warping happens here, lazily."""
     if params.greedy:
         return verify_greedy(target_logits, draft)
-    return verify_sampled(warp(target_logits, params), draft, q_draft, rng)
+    return verify_sampled(_WarpedRows(target_logits, params), draft, q_draft, rng)
+
+
+class _WarpedRows:
+    """Target probabilities warped row by row on first use: rows after a rejection are never needed."""
+
+    def __init__(self, logits: np.ndarray, params: SamplingParams):
+        self.logits, self.params = logits, params
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return warp(self.logits[i], self.params)

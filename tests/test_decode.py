@@ -3,6 +3,8 @@ import itertools
 import numpy as np
 import pytest
 
+from specllm.costmodel import CostModel
+from specllm.policy import AutoDrafter, CostAwarePolicy
 from specllm.decode import Decoder, Done, PrefillDone, StepDone, TokenCommitted, fixed_budget, generate_plain
 from specllm.drafters import ChainDrafter, ModelDrafter, NgramDrafter
 from specllm.sampling import SamplingParams, warp
@@ -17,6 +19,9 @@ PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
 def _drafters(kind, v=8, draft_seed=1):
     if kind == "off":
         return None
+    if kind == "auto":
+        flat = CostModel({k: 0.01 + 0.0001 * k for k in (1, 2, 4, 8, 16)}, draft_seconds=0.001)
+        return AutoDrafter(NgramDrafter(1, 3), ModelDrafter(FakeBackend(n_vocab=v, seed=draft_seed), 0.0), CostAwarePolicy(flat))
     if kind == "ngram":
         return NgramDrafter(1, 3)
     draft = ModelDrafter(FakeBackend(n_vocab=v, seed=draft_seed), p_min=0.0)
@@ -28,7 +33,7 @@ def _run(decoder, prompt, n, params, seed=0):
     return events[-1], events
 
 
-@pytest.mark.parametrize("kind", ["off", "ngram", "draft", "ngram+draft"])
+@pytest.mark.parametrize("kind", ["off", "ngram", "draft", "ngram+draft", "auto"])
 @pytest.mark.parametrize("draft_max", [1, 3, 8])
 def test_greedy_speculation_equals_plain(kind, draft_max):
     target = FakeBackend(seed=0)
@@ -65,7 +70,7 @@ def _exact_distribution(seed, prompt, length, params, v=8):
     return dist
 
 
-@pytest.mark.parametrize("kind", ["ngram", "draft", "ngram+draft", "agreeing-draft"])
+@pytest.mark.parametrize("kind", ["ngram", "draft", "ngram+draft", "agreeing-draft", "auto"])
 @pytest.mark.parametrize(
     "params",
     [SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), SamplingParams(temperature=0.7, top_k=4, top_p=0.9, min_p=0.05)],

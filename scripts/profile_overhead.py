@@ -1,0 +1,66 @@
+"""Share of generation wall time spent outside llama.cpp's evaluation calls (Python drafting,
+verification, bookkeeping) for one generation.
+
+    python scripts/profile_overhead.py [--spec auto] [-n 128] [--row N]   (a code-edit row of dev.jsonl)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spec", default="auto")
+    parser.add_argument("-n", type=int, default=128)
+    parser.add_argument("--temp", type=float, default=0.0)
+    parser.add_argument("--row", type=int, default=0, help="index among the code_edit rows")
+    parser.add_argument("--prompts", default=str(Path(__file__).resolve().parents[1].parent / "shared/workloads/dev.jsonl"))
+    args = parser.parse_args()
+
+    from specllm.backend import LlamaBackend, LoadOptions
+    from specllm.decode import Done, PrefillDone
+    from specllm.registry import load_registry, resolve_model, resolve_preset_draft
+    from specllm.sampling import SamplingParams
+    from specllm.session import Engine, ModelPaths, SpecConfig
+
+    rows = [json.loads(line) for line in open(args.prompts)]
+    prompt = [r for r in rows if r["category"] == "code_edit"][args.row]["turns"][0]
+    reg = load_registry()
+    preset = reg.default
+    engine = Engine(
+        ModelPaths(resolve_model(preset, reg), resolve_model(resolve_preset_draft(preset, reg), reg)),
+        SpecConfig(args.spec), LoadOptions(n_ctx=4096), LoadOptions(),
+    )
+    engine.costs()
+    inside = [0.0]
+    original = LlamaBackend.evaluate
+
+    def timed(self, tokens, rows):
+        started = time.perf_counter()
+        try:
+            return original(self, tokens, rows)
+        finally:
+            inside[0] += time.perf_counter() - started
+
+    LlamaBackend.evaluate = timed
+    decoder = engine.decoder()
+    params = SamplingParams(temperature=args.temp)
+    started = None
+    for event in decoder.generate(engine.encode(prompt), args.n, params, np.random.default_rng(0)):
+        if isinstance(event, PrefillDone):  # count generation only, not the prompt
+            inside[0], started = 0.0, time.perf_counter()
+        elif isinstance(event, Done):
+            total = time.perf_counter() - started
+            print(f"{len(event.tokens)} tokens in {total:.2f}s ({len(event.tokens) / total:.2f} tok/s), spec {args.spec}")
+    outside = total - inside[0]
+    print(f"inside llama.cpp evaluation: {inside[0]:.3f}s; outside: {outside:.3f}s = {outside / total:.2%} of wall time")
+
+
+if __name__ == "__main__":
+    main()
