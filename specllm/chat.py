@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import re
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from specllm.errors import UsageError
+from specllm.sampling import SamplingParams
 
 
 def encode_raw(backend, text: str) -> list[int]:
@@ -50,5 +53,143 @@ class Conversation:
     def add(self, role: str, content: str) -> None:
         self.messages.append({"role": role, "content": content})
 
+    def withdraw(self) -> None:
+        """Drop the last message (a user turn that got no reply)."""
+        self.messages.pop()
+
     def clear(self) -> None:
         self.messages.clear()
+
+
+# -- chat input: commands, settings, multi-line blocks (pure; the CLI does the I/O) --------
+
+COMMANDS = {
+    "/help": "show this help",
+    "/stats": "statistics of this session",
+    "/set": "change a setting: /set temp 0.7 (temp, top_k, top_p, min_p, seed, max_tokens); /set alone shows them",
+    "/spec": "speculation strategy: /spec off|ngram|draft|ngram+draft|auto",
+    "/clear": "start a new conversation (the system prompt stays)",
+    "/bye": "leave (also Ctrl-D)",
+}
+ALIASES = {"/?": "/help", "/exit": "/bye", "/quit": "/bye"}
+_COMMAND_WORD = re.compile(r"/(\?|[A-Za-z][\w-]*)")
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str  # canonical, e.g. "/bye"; an unknown command keeps what was typed
+    args: list[str]
+    known: bool
+
+
+def parse_command(line: str) -> Command | None:
+    """A line whose first word looks like `/word` is a command; anything else (say "/usr/bin") is a message."""
+    words = line.split()
+    if not words or not _COMMAND_WORD.fullmatch(words[0]):
+        return None
+    name = ALIASES.get(words[0].lower(), words[0].lower())
+    return Command(name, words[1:], name in COMMANDS)
+
+
+def help_text() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = [f"  {name:<{width}}  {text}" for name, text in COMMANDS.items()]
+    lines.append('  """{0:<{1}}  begin and end a message of several lines'.format("", width - 3))
+    return "Commands:\n" + "\n".join(lines)
+
+
+def command_names() -> str:
+    return " ".join(COMMANDS)
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """What /set changes: the sampling parameters and the most tokens per reply."""
+
+    params: SamplingParams
+    max_tokens: int
+
+    def describe(self) -> str:
+        p = self.params
+        seed = "random" if p.seed is None else p.seed
+        return (
+            f"temp {p.temperature:g} · top_k {p.top_k} · top_p {p.top_p:g} · min_p {p.min_p:g} · "
+            f"seed {seed} · max_tokens {self.max_tokens}"
+        )
+
+
+SETTING_NAMES = ("temp", "top_k", "top_p", "min_p", "seed", "max_tokens")
+_SETTING_ALIASES = {"temperature": "temp", "num_predict": "max_tokens", "n": "max_tokens"}
+
+
+def apply_set(settings: ChatSettings, args: list[str]) -> ChatSettings:
+    """`/set NAME VALUE` as a new ChatSettings; UsageError (settings untouched) when it cannot apply."""
+    usage = f"usage: /set NAME VALUE, NAME one of {', '.join(SETTING_NAMES)}"
+    if len(args) != 2:
+        raise UsageError(usage)
+    name = args[0].lower().replace("-", "_")
+    name = _SETTING_ALIASES.get(name, name)
+    value = args[1]
+    if name not in SETTING_NAMES:
+        raise UsageError(f"unknown setting {args[0]!r}; {usage}")
+    if name == "max_tokens":
+        number = _number(name, value, int)
+        if number < 1:
+            raise UsageError(f"max_tokens must be at least 1, got {number}")
+        return replace(settings, max_tokens=number)
+    if name == "seed":
+        seed = None if value.lower() in ("none", "random", "-1") else _number(name, value, int)
+        return replace(settings, params=replace(settings.params, seed=seed))
+    field_name = {"temp": "temperature"}.get(name, name)
+    number = _number(name, value, int if name == "top_k" else float)
+    params = replace(settings.params, **{field_name: number})
+    try:
+        params.validate()
+    except UsageError as exc:  # the message names the flag (--temp); here it is a setting
+        raise UsageError(re.sub(r"^--([\w-]+)", lambda m: m.group(1).replace("-", "_"), str(exc))) from None
+    return replace(settings, params=params)
+
+
+def _number(name: str, value: str, kind: type):
+    try:
+        return kind(value)
+    except ValueError:
+        word = "a whole number" if kind is int else "a number"
+        raise UsageError(f"{name} must be {word}, got {value!r}") from None
+
+
+class MultiLine:
+    '''Gathers a message typed between `"""` lines; text on the opening or closing line counts.'''
+
+    QUOTES = '"""'
+
+    def __init__(self):
+        self._lines: list[str] | None = None
+
+    @property
+    def open(self) -> bool:
+        return self._lines is not None
+
+    def starts(self, line: str) -> bool:
+        return line.lstrip().startswith(self.QUOTES)
+
+    def feed(self, line: str) -> str | None:
+        """The whole message when `line` completes one, else None (more lines wanted)."""
+        if self._lines is None:
+            rest = line.lstrip()[len(self.QUOTES) :]
+            if rest.rstrip().endswith(self.QUOTES):  # """one line"""
+                return rest.rstrip()[: -len(self.QUOTES)]
+            self._lines = [rest] if rest.strip() else []
+            return None
+        if line.rstrip().endswith(self.QUOTES):
+            last = line.rstrip()[: -len(self.QUOTES)]
+            lines = self._lines + ([last] if last.strip() else [])
+            self._lines = None
+            return "\n".join(lines)
+        self._lines.append(line)
+        return None
+
+    def cancel(self) -> bool:
+        """Drop a half-typed block; True when there was one."""
+        was_open, self._lines = self.open, None
+        return was_open

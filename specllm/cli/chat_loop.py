@@ -1,0 +1,289 @@
+"""The chat loop behind `specllm chat`: read a line, run a command or a turn, stream the reply.
+
+One Decoder lives for the whole session, so each turn evaluates only what the conversation
+added since the last one (target and draft), and the n-gram cache spans every turn.
+Replies go to `out` (stdout) and nothing else does; notes, command output, the live status
+line and summaries go to stderr. Input comes from a `read_line(prompt)` callable, so tests
+drive the loop with a list of lines.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+import numpy as np
+
+from specllm.chat import (
+    ChatSettings,
+    Command,
+    Conversation,
+    MultiLine,
+    apply_set,
+    command_names,
+    encode_messages,
+    help_text,
+    parse_command,
+)
+from specllm.cli.display import RESET, LiveStatus, TokenWriter, colour_allowed, status_text, summary_text
+from specllm.cli.interrupt import StopOnSignal
+from specllm.decode import Done, StepDone, TokenCommitted
+from specllm.errors import SpecllmError, UsageError
+from specllm.session import STRATEGIES
+from specllm.stats import Stats
+
+ReadLine = Callable[[str], str]  # returns a line without its newline; EOFError at the end
+PROMPT, CONTINUATION = ">>> ", "... "
+LEAVE_HINT = "Use Ctrl-D or /bye to leave."
+CLEAR_HINT = "/clear starts a new conversation"
+
+
+class ChatLoop:
+    def __init__(
+        self,
+        engine,
+        conversation: Conversation,
+        settings: ChatSettings,
+        strategy: str,
+        *,
+        out=None,
+        interactive: bool = False,
+        live: bool = False,
+        summaries: bool = False,
+        colour: bool = False,
+    ):
+        self.engine, self.conversation, self.settings, self.strategy = engine, conversation, settings, strategy
+        self.out = out or sys.stdout
+        self.interactive, self.live, self.summaries, self.colour = interactive, live, summaries, colour
+        self.decoder = engine.decoder(strategy)
+        self.rng = np.random.default_rng(settings.params.seed)
+        self.session = Stats()  # every event of every turn: /stats
+        self.replies = 0
+        self.block = MultiLine()
+
+    # -- reading -------------------------------------------------------------------------
+
+    def run(self, read_line: ReadLine) -> None:
+        """Until /bye or the end of input. Ctrl-C at a terminal prompt only says how to leave."""
+        while True:
+            try:
+                line = read_line(CONTINUATION if self.block.open else PROMPT)
+            except EOFError:
+                if self.block.cancel():
+                    self.note('The input ended inside a """ block; that message was not sent.')
+                elif self.interactive:
+                    self.err.write("\n")
+                return
+            except KeyboardInterrupt:
+                if not self.interactive:
+                    raise
+                self.err.write("\n")
+                self.note("Multi-line message dropped." if self.block.cancel() else LEAVE_HINT)
+                continue
+            if not self.handle(line):
+                return
+
+    def handle(self, line: str) -> bool:
+        """One line of input; False when the session should end."""
+        if self.block.open or self.block.starts(line):
+            text = self.block.feed(line)
+            if text is not None and text.strip():
+                self.send(text.strip("\n"))
+            return True
+        command = parse_command(line)
+        if command is not None:
+            return self.command(command)
+        if line.strip():
+            self.send(line.strip())
+        return True
+
+    # -- commands ------------------------------------------------------------------------
+
+    def command(self, command: Command) -> bool:
+        if not command.known:
+            self.note(f"Unknown command {command.name}. Commands: {command_names()} (/help explains them).")
+        elif command.name == "/bye":
+            return False
+        elif command.name == "/help":
+            self.note(f"{help_text()}\n{LEAVE_HINT} Ctrl-C stops a reply.")
+        elif command.name == "/stats":
+            self.note(self.stats_text())
+        elif command.name == "/set":
+            self.set(command.args)
+        elif command.name == "/spec":
+            self.spec(command.args)
+        elif command.name == "/clear":
+            self.conversation.clear()
+            self.note("New conversation.")
+        return True
+
+    def set(self, args: list[str]) -> None:
+        if not args:
+            self.note(self.settings.describe())
+            return
+        try:
+            settings = apply_set(self.settings, args)
+        except UsageError as exc:
+            self.note(f"{exc}; nothing changed.")
+            return
+        if settings.params.seed != self.settings.params.seed:
+            self.rng = np.random.default_rng(settings.params.seed)
+        self.settings = settings
+        self.note(f"Now {settings.describe()}.")
+
+    def spec(self, args: list[str]) -> None:
+        choices = "|".join(STRATEGIES)
+        if len(args) != 1 or args[0] not in STRATEGIES:
+            self.note(f"Speculation: {self.strategy}. Change it with /spec {choices}.")
+            return
+        strategy = args[0]
+        if strategy == "draft" and self.engine.draft is None:
+            self.note("No draft model is loaded: start the chat with --draft PATH or a preset that has one. (unchanged)")
+            return
+        self.decoder = self.engine.decoder(strategy)  # clears the KV caches
+        self.strategy = strategy
+        alone = strategy in ("auto", "ngram+draft") and self.engine.draft is None
+        alone = " (no draft model loaded: the n-gram cache alone)" if alone else ""
+        self.note(f"Speculation: {strategy}{alone}. The next turn reads the conversation again.")
+
+    def stats_text(self) -> str:
+        s, n_ctx = self.session, self.engine.target.n_ctx
+        lines = [
+            f"{self.replies} replies · conversation {self.tokens_so_far()} of {n_ctx} context tokens · spec {self.strategy}",
+            f"generated: {status_text(s)} · {s.seconds:.2f}s",
+            f"prompts: {s.prompt_tokens} tok, {s.reused_tokens} reused from the KV cache, prefill {s.prefill_seconds:.2f}s",
+            f"settings: {self.settings.describe()}",
+        ]
+        return "\n".join(lines)
+
+    # -- turns ---------------------------------------------------------------------------
+
+    def send(self, text: str) -> None:
+        """One turn: refuse what cannot fit, else generate and keep the reply (partial ones too)."""
+        target = self.engine.target
+        prompt = encode_messages(target, self.conversation.all_messages() + [{"role": "user", "content": text}])
+        if len(prompt) >= target.n_ctx:
+            self.refuse(prompt, target.n_ctx)
+            return
+        self.conversation.add("user", text)
+        reason, reply = self.reply(prompt)
+        if not reply and reason in ("interrupted", "context"):
+            self.conversation.withdraw()  # nothing to keep: the conversation stays as it was
+            why = "no room was left for a reply" if reason == "context" else "interrupted before the reply began"
+            self.note(f"({why}; the message was not kept{'; ' + CLEAR_HINT if reason == 'context' else ''})")
+        else:
+            self.conversation.add("assistant", reply)
+            self.replies += 1
+            self.explain(reason)
+        if reason == "interrupted" and not self.interactive:
+            raise KeyboardInterrupt  # a script stops on Ctrl-C, as `run` does (exit 130)
+
+    def tokens_so_far(self) -> int:
+        messages = self.conversation.all_messages()
+        return len(encode_messages(self.engine.target, messages, add_assistant=False)) if messages else 0
+
+    def refuse(self, prompt: list[int], n_ctx: int) -> None:
+        held = self.tokens_so_far()
+        self.note(
+            f"Message not sent: the conversation would need {len(prompt)} tokens "
+            f"({held} so far + {len(prompt) - held} for this message) and the context holds {n_ctx}. "
+            f"{CLEAR_HINT}; --ctx-size gives a larger context."
+        )
+
+    def explain(self, reason: str) -> None:
+        if reason == "context":
+            n_ctx = self.engine.target.n_ctx
+            self.note(f"(the context is full at {n_ctx} tokens: the reply was cut short and kept; {CLEAR_HINT})")
+        elif reason == "length":
+            self.note(f"(the reply reached max_tokens {self.settings.max_tokens}; /set max_tokens N allows longer ones)")
+        elif reason == "interrupted" and self.interactive:
+            self.note("(interrupted; the partial reply is kept)")
+
+    def reply(self, prompt: list[int]) -> tuple[str, str]:
+        """Stream one reply to `out`; returns (finish reason, text)."""
+        stats, pieces, reason = Stats(), [], "interrupted"
+        writer = TokenWriter(self.out, colour=self.colour)
+        try:
+            with StopOnSignal() as stopper, LiveStatus(self.live) as live:
+                events = self.decoder.generate(
+                    prompt, self.settings.max_tokens, self.settings.params, self.rng, stop=stopper.requested
+                )
+                for event in events:
+                    stats.update(event)
+                    self.session.update(event)
+                    if isinstance(event, TokenCommitted):
+                        writer.write(event.text, event.source)
+                        pieces.append(event.text)
+                    elif isinstance(event, StepDone):
+                        live.update(stats)
+                    elif isinstance(event, Done):
+                        reason = event.finish_reason
+        except KeyboardInterrupt:
+            if not self.interactive:
+                raise
+            # A second Ctrl-C lands mid-step: the KV caches may not match the history, so start afresh.
+            self.decoder = self.engine.decoder(self.strategy)
+        text = "".join(pieces)
+        self.out.write("" if text.endswith("\n") or not text else "\n")
+        if self.interactive and _isatty(self.out):
+            self.out.write("\n")
+        self.out.flush()
+        if self.summaries:
+            self.note(summary_text(stats), dim=True)
+        return reason, text
+
+    # -- output --------------------------------------------------------------------------
+
+    @property
+    def err(self):
+        return sys.stderr
+
+    def note(self, text: str, dim: bool = False) -> None:
+        """Everything that is not a reply: stderr, dimmed at a terminal unless NO_COLOR."""
+        style = "\x1b[2m" if dim and colour_allowed(self.err) else ""
+        self.err.write(f"{style}{text}{RESET if style else ''}\n")
+        self.err.flush()
+
+    def banner(self) -> None:
+        name = getattr(self.engine.target, "path", None)
+        name = f" with {name.name}" if name is not None else ""
+        self.note(f"Chatting{name} (spec {self.strategy}). /help lists the commands. {LEAVE_HINT}", dim=True)
+
+
+def script_reader(stream) -> ReadLine:
+    """Lines from a pipe or file: no prompts, no echo."""
+
+    def read(prompt: str) -> str:  # noqa: ARG001
+        try:
+            line = stream.readline()
+        except UnicodeDecodeError as exc:
+            raise SpecllmError(f"standard input is not valid UTF-8 (byte {exc.start})") from None
+        if not line:
+            raise EOFError
+        return line.rstrip("\r\n")
+
+    return read
+
+
+def terminal_reader() -> ReadLine:
+    """input() with readline's line editing and in-session history; the prompt never lands in redirected stdout."""
+    try:
+        import readline  # noqa: F401  (importing it is what gives input() editing and history)
+    except ImportError:  # pragma: no cover - platforms without readline
+        pass
+
+    def read(prompt: str) -> str:
+        if _isatty(sys.stdout):
+            return input(prompt)
+        sys.stderr.write(prompt)
+        sys.stderr.flush()
+        return input()
+
+    return read
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

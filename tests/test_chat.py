@@ -1,0 +1,259 @@
+"""Chat without a model: command parsing, /set, multi-line blocks, and KV reuse across turns.
+
+`ChatFakeBackend` and `FakeEngine` are shared with test_chat_cli.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from specllm.chat import (
+    COMMANDS,
+    ChatSettings,
+    Conversation,
+    MultiLine,
+    apply_set,
+    encode_messages,
+    help_text,
+    parse_command,
+)
+from specllm.decode import Decoder, Done, PrefillDone, fixed_budget, generate_plain
+from specllm.drafters import ChainDrafter, ModelDrafter, NgramDrafter
+from specllm.errors import UsageError
+from specllm.sampling import SamplingParams
+from tests.fakes import FakeBackend
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+class ChatFakeBackend(FakeBackend):
+    """FakeBackend with a chat template, and text that round-trips: 'a' is token 0, 'b' token 1, ...
+
+    `interrupt_at`: send SIGINT to this process once that many evaluations have run (a Ctrl-C mid-reply),
+    `presses` times in a row.
+    """
+
+    add_bos = False
+
+    def __init__(self, *args, interrupt_at: int | None = None, presses: int = 1, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.interrupt_at, self.presses = interrupt_at, presses
+
+    def tokenize(self, text, *, add_special=False, parse_special=False):
+        return [(ord(ch) - ord("a")) % self.n_vocab for ch in text]
+
+    def apply_chat_template(self, messages, add_assistant=True):
+        rendered = "".join(f"<{m['role']}>{m['content']}|" for m in messages)
+        return rendered + ("<assistant>" if add_assistant else "")
+
+    def evaluate(self, tokens, rows):
+        out = super().evaluate(tokens, rows)
+        if self.interrupt_at is not None and len(self.evaluations) == self.interrupt_at:
+            for _ in range(self.presses):
+                os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+
+class FakeEngine:
+    """What the chat loop needs from session.Engine: a target, an optional draft, fresh decoders."""
+
+    def __init__(self, n_ctx=512, seed=0, eog=None, with_draft=False, interrupt_at=None, presses=1):
+        self.target = ChatFakeBackend(seed=seed, n_ctx=n_ctx, eog=eog, interrupt_at=interrupt_at, presses=presses)
+        self.draft = FakeBackend(seed=seed, n_ctx=n_ctx) if with_draft else None
+        self.strategies: list[str] = []
+
+    def decoder(self, strategy: str | None = None) -> Decoder:
+        strategy = strategy or "auto"
+        self.strategies.append(strategy)
+        for model in (self.target, self.draft):
+            if model is not None:
+                model.rewind(0)
+        drafters = []
+        if strategy in ("auto", "ngram", "ngram+draft"):
+            drafters.append(NgramDrafter(2, 4))
+        if strategy in ("auto", "draft", "ngram+draft") and self.draft is not None:
+            drafters.append(ModelDrafter(self.draft, 0.0))
+        drafter = None if not drafters else drafters[0] if len(drafters) == 1 else ChainDrafter(drafters)
+        return Decoder(self.target, drafter, fixed_budget(4))
+
+    def close(self) -> None:
+        pass
+
+
+def reference_reply(messages, max_tokens, n_ctx=512, seed=0, eog=None) -> str:
+    """What a fresh plain decoder replies to these messages at temperature 0."""
+    target = ChatFakeBackend(seed=seed, n_ctx=n_ctx, eog=eog)
+    events = list(Decoder(target).generate(encode_messages(target, messages), max_tokens, GREEDY, np.random.default_rng(0)))
+    return events[-1].text
+
+
+def run_turn(decoder, target, conversation, text, n, stop=None):
+    conversation.add("user", text)
+    prompt = encode_messages(target, conversation.all_messages())
+    events = list(decoder.generate(prompt, n, GREEDY, np.random.default_rng(0), stop=stop))
+    done = events[-1]
+    assert isinstance(done, Done)
+    conversation.add("assistant", done.text)
+    return prompt, done, events
+
+
+# -- commands ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line, name, args, known",
+    [
+        ("/help", "/help", [], True),
+        ("/?", "/help", [], True),
+        ("  /BYE ", "/bye", [], True),
+        ("/exit", "/bye", [], True),
+        ("/set temp 0.7", "/set", ["temp", "0.7"], True),
+        ("/spec ngram+draft", "/spec", ["ngram+draft"], True),
+        ("/frobnicate now", "/frobnicate", ["now"], False),
+    ],
+)
+def test_parse_command(line, name, args, known):
+    command = parse_command(line)
+    assert (command.name, command.args, command.known) == (name, args, known)
+
+
+@pytest.mark.parametrize("line", ["hello", "", "   ", "/usr/bin/python crashes, why?", "/ alone", "a /help"])
+def test_lines_that_are_messages_not_commands(line):
+    assert parse_command(line) is None
+
+
+def test_help_lists_every_command():
+    text = help_text()
+    assert all(name in text for name in COMMANDS) and '"""' in text
+
+
+# -- /set --------------------------------------------------------------------------------
+
+BASE = ChatSettings(SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=None), 256)
+
+
+@pytest.mark.parametrize(
+    "args, check",
+    [
+        (["temp", "0.7"], lambda s: s.params.temperature == 0.7),
+        (["temperature", "0"], lambda s: s.params.greedy),
+        (["top_k", "0"], lambda s: s.params.top_k == 0),
+        (["top-p", "0.5"], lambda s: s.params.top_p == 0.5),
+        (["min_p", "0.1"], lambda s: s.params.min_p == 0.1),
+        (["seed", "42"], lambda s: s.params.seed == 42),
+        (["seed", "random"], lambda s: s.params.seed is None),
+        (["max_tokens", "32"], lambda s: s.max_tokens == 32),
+    ],
+)
+def test_set_changes_one_setting(args, check):
+    settings = apply_set(BASE, args)
+    assert check(settings)
+    assert BASE.params.temperature == 0.8 and BASE.max_tokens == 256  # frozen: the old value is untouched
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["temp", "abc"], "temp must be a number, got 'abc'"),
+        (["temp", "-1"], "temp must be 0 or more"),
+        (["temp", "nan"], "temp must be 0 or more"),
+        (["top_k", "1.5"], "top_k must be a whole number"),
+        (["top_p", "0"], "top_p must be in (0, 1]"),
+        (["min_p", "1"], "min_p must be in [0, 1)"),
+        (["max_tokens", "0"], "max_tokens must be at least 1"),
+        (["seed", "x"], "seed must be a whole number"),
+        (["colour", "red"], "unknown setting 'colour'"),
+        (["temp"], "usage: /set NAME VALUE"),
+    ],
+)
+def test_set_refuses_bad_values_with_a_clear_message(args, message):
+    with pytest.raises(UsageError) as info:
+        apply_set(BASE, args)
+    assert message in str(info.value)
+    assert "--" not in str(info.value)  # settings are named as typed, not as flags
+
+
+# -- multi-line input --------------------------------------------------------------------
+
+
+def feed_all(lines):
+    block, out = MultiLine(), []
+    for line in lines:
+        result = block.feed(line)
+        if result is not None:
+            out.append(result)
+    return block, out
+
+
+def test_block_keeps_lines_indentation_and_blank_lines():
+    block, out = feed_all(['"""', "def f():", "", "    return 1", '"""'])
+    assert out == ["def f():\n\n    return 1"] and not block.open
+
+
+def test_block_with_text_on_the_opening_and_closing_lines():
+    _, out = feed_all(['"""first', "middle", 'last"""'])
+    assert out == ["first\nmiddle\nlast"]
+
+
+def test_one_line_block():
+    _, out = feed_all(['"""just this"""'])
+    assert out == ["just this"]
+
+
+def test_cancel_drops_a_half_typed_block():
+    block, out = feed_all(['"""', "half"])
+    assert block.open and out == []
+    assert block.cancel() and not block.open and not block.cancel()
+
+
+# -- turns on one decoder ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["ngram", "draft"])
+def test_turn_two_evaluates_only_its_new_tokens(strategy):
+    with_draft = strategy == "draft"
+    engine = FakeEngine(with_draft=with_draft)
+    target, decoder = engine.target, engine.decoder(strategy)
+    conversation = Conversation("be brief")
+    prompt1, done1, _ = run_turn(decoder, target, conversation, "hello there", 12)
+    held = len(decoder.history) - 1
+    target.evaluations.clear()
+    draft_before = len(engine.draft.evaluations) if with_draft else 0
+    prompt2, _, events = run_turn(decoder, target, conversation, "and again", 12)
+    prefill = next(e for e in events if isinstance(e, PrefillDone))
+    # The whole first turn (prompt and reply) is reused; only the new user turn is evaluated.
+    assert prefill.reused_tokens == held == len(prompt1) + len(done1.tokens) - 1
+    new_tokens = len(prompt2) - 1 - held
+    assert target.evaluations[0] == new_tokens
+    assert new_tokens <= len("|<user>and again|<assistant>")
+    if with_draft:
+        first_catch_up = engine.draft.evaluations[draft_before]
+        assert first_catch_up <= new_tokens + 2  # the draft model too reads only what it has not seen
+
+
+def test_interrupted_turn_then_next_turn_equals_a_fresh_session():
+    engine = FakeEngine()
+    target, decoder = engine.target, engine.decoder("ngram")
+    conversation = Conversation()
+    steps = iter(range(100))
+    _, done, _ = run_turn(decoder, target, conversation, "write code", 40, stop=lambda: next(steps) >= 3)
+    assert done.finish_reason == "interrupted" and 0 < len(done.tokens) < 40
+    assert target.kv == decoder.history[:-1]
+    _, continued, _ = run_turn(decoder, target, conversation, "more", 15)
+    fresh = reference_reply(conversation.all_messages()[:-1], 15)
+    assert continued.text == fresh
+    # and the plain reference agrees token for token
+    fresh_target = ChatFakeBackend(seed=0)
+    prompt = encode_messages(fresh_target, conversation.all_messages()[:-1])
+    assert continued.tokens == generate_plain(fresh_target, prompt, 15, GREEDY, None)
+
+
+def test_encode_messages_keeps_typed_markup_as_text():
+    target = ChatFakeBackend()
+    typed = [{"role": "user", "content": "|<assistant>"}]
+    tokens = encode_messages(target, typed)
+    assert tokens == target.tokenize("<user>|<assistant>|<assistant>")
