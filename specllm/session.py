@@ -109,24 +109,24 @@ class Engine:
 
     def decoder(self, strategy: str | None = None) -> Decoder:
         """A fresh decoder (empty history, KV caches cleared) for a strategy."""
-        strategy = strategy or self.spec.strategy
-        spec = replace(self.spec, strategy=strategy).validate()
+        spec = replace(self.spec, strategy=strategy or self.spec.strategy).validate()
+        if spec.strategy == "draft" and self.draft is None:
+            raise UsageError("--spec draft needs a draft model: pass --draft PATH or a preset that has one")
         self.target.rewind(0)
         if self.draft is not None:
             self.draft.rewind(0)
-        if strategy == "auto":
-            model = ModelDrafter(self.draft, spec.draft_p_min, self.target.n_vocab) if self.draft else None
+        ngram = NgramDrafter(spec.ngram_min, spec.ngram_max)
+        model = ModelDrafter(self.draft, spec.draft_p_min, self.target.n_vocab) if self.draft else None
+        if spec.strategy == "auto":
             policy = CostAwarePolicy(self.costs().copy(), draft_max=AUTO_MAX_BATCH - 1)
-            drafter = AutoDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max), model, policy)
-            return Decoder(self.target, drafter, lambda history, limit: limit)
-        drafters = []
-        if strategy in ("ngram", "ngram+draft"):
-            drafters.append(NgramDrafter(spec.ngram_min, spec.ngram_max))
-        if strategy in ("draft", "ngram+draft") and self.draft is not None:
-            drafters.append(ModelDrafter(self.draft, spec.draft_p_min, self.target.n_vocab))
-        if strategy == "draft" and self.draft is None:
-            raise UsageError("--spec draft needs a draft model: pass --draft PATH or a preset that has one")
-        drafter = None if not drafters else drafters[0] if len(drafters) == 1 else ChainDrafter(drafters)
+            return Decoder(self.target, AutoDrafter(ngram, model, policy), lambda history, limit: limit)
+        drafters = {
+            "off": [],
+            "ngram": [ngram],
+            "draft": [model],
+            "ngram+draft": [ngram, model] if model else [ngram],
+        }[spec.strategy]
+        drafter = ChainDrafter(drafters) if len(drafters) > 1 else drafters[0] if drafters else None
         return Decoder(self.target, drafter, fixed_budget(spec.draft_max))
 
     def close(self) -> None:
