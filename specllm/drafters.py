@@ -31,7 +31,7 @@ class Drafter(Protocol):
     def commit(self, history: list[int]) -> None: ...
 
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        """How the last proposal fared (for drafters that learn); optional."""
+        """How the last step fared (for drafters that learn; `draft` may be empty); optional."""
 
 
 class NgramDrafter:

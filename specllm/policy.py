@@ -150,7 +150,7 @@ class AutoDrafter:
 
     def propose(self, history, max_tokens, params, rng) -> Draft | None:
         self.ngram.commit(history)
-        self._keys = []
+        self._keys = []  # the estimate behind each drafted token, updated when the outcome is known
         proposal = self.ngram.cache.propose(min(max_tokens, self.policy.draft_max))
         if proposal is not None and proposal.tokens:
             k = self.policy.ngram_length(len(proposal.tokens), proposal.match_length)
@@ -186,6 +186,6 @@ class AutoDrafter:
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         costs = self.policy.costs
         costs.observe_verify(len(draft.tokens) + 1, verify_seconds)
-        if draft.source == "draft":
+        if draft.source == "draft" and draft.tokens:
             costs.observe_draft(draft_seconds / len(draft.tokens))
         self.policy.observe(draft, accepted, draft_seconds + verify_seconds, self._keys)

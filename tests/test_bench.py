@@ -1,0 +1,144 @@
+"""The benchmark harness on a fake engine, its arithmetic, and a short real-model run."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from specllm.bench import BenchSettings, Run, expected_speedup, oracle_cost, run_bench, summarize
+from specllm.cli import app
+from specllm.costmodel import CostModel, measure_costs
+from specllm.decode import Decoder, fixed_budget
+from specllm.drafters import NgramDrafter
+from specllm.sampling import SamplingParams
+from specllm.stats import SourceStats, Stats
+from specllm.workloads import Prompt, load_prompts
+from tests.fakes import FakeBackend
+
+COSTS = CostModel({1: 0.1, 2: 0.15, 4: 0.2, 8: 0.3})
+
+
+class FakeEngine:
+    def __init__(self):
+        self.target = FakeBackend(seed=0)
+        self.created: list[str] = []
+
+    def encode(self, text: str) -> list[int]:
+        return self.target.tokenize(text)
+
+    def decoder(self, strategy):
+        self.created.append(strategy)
+        self.target.rewind(0)
+        drafter = None if strategy == "off" else NgramDrafter(1, 3)
+        return Decoder(self.target, drafter, fixed_budget(4))
+
+
+PROMPTS = [Prompt(str(i), cat, text) for i, (cat, text) in enumerate([("a", "abcabcab"), ("a", "hello"), ("b", "xyzxyz")])]
+
+
+def test_strategies_interleave_with_rotating_order_and_fresh_state():
+    engine = FakeEngine()
+    settings = BenchSettings(["off", "ngram"], max_tokens=6, params=SamplingParams(temperature=0))
+    runs = list(run_bench(engine, PROMPTS, settings))
+    assert [(r.prompt.id, r.strategy) for r in runs] == [
+        ("0", "off"), ("0", "ngram"), ("1", "ngram"), ("1", "off"), ("2", "off"), ("2", "ngram"),
+    ]  # fmt: skip
+    # warm-up decoders first, then a fresh decoder (KV and n-gram state reset) for every run
+    assert engine.created[2:] == [r.strategy for r in runs]
+    off = {r.prompt.id: r.tokens for r in runs if r.strategy == "off"}
+    assert all(r.tokens == off[r.prompt.id] for r in runs)
+
+
+def test_warm_runs_reuse_decoders():
+    engine = FakeEngine()
+    settings = BenchSettings(["off", "ngram"], max_tokens=4, params=SamplingParams(temperature=0), warm=True)
+    list(run_bench(engine, PROMPTS, settings))
+    assert engine.created[2:] == ["off", "ngram"]
+
+
+def _run(prompt, strategy, tokens, seconds, drafted=0, accepted=0, passes=None, draft_seconds=0.0, prompt_tokens=None):
+    stats = Stats(tokens=len(tokens), seconds=seconds, target_passes=passes or len(tokens), drafted=drafted, accepted=accepted, draft_seconds=draft_seconds)
+    if drafted:
+        stats.by_source["ngram"] = SourceStats(steps=passes, drafted=drafted, accepted=accepted)
+    return Run(prompt, strategy, 0, prompt_tokens or [1, 2, 3], tokens, stats)
+
+
+def test_summary_arithmetic():
+    p0, p1 = PROMPTS[0], PROMPTS[2]
+    runs = [
+        _run(p0, "off", [1] * 10, 2.0),
+        _run(p0, "ngram", [1] * 10, 1.0, drafted=8, accepted=6, passes=4),
+        _run(p1, "off", [2] * 10, 2.0),
+        _run(p1, "ngram", [2, 2, 2, 2, 2, 2, 2, 2, 2, 3], 4.0, drafted=4, accepted=1, passes=9),
+    ]
+    rows = {(r["category"], r["strategy"]): r for r in summarize(runs, COSTS, greedy=True)}
+    a = rows[("a", "ngram")]
+    assert a["tok_per_s"] == 10.0 and a["speedup"] == 2.0
+    assert a["acceptance_rate"] == 0.75 and a["mean_accepted_length"] == 2.5
+    assert a["identical_to_off"] is True
+    assert rows[("b", "ngram")]["identical_to_off"] is False
+    assert rows[("b", "ngram")]["speedup"] == 0.5
+    everything = rows[("all", "ngram")]
+    assert everything["tokens"] == 20 and everything["speedup"] == pytest.approx(20 / 5 / (20 / 4), abs=1e-3)
+    assert rows[("a", "off")]["speedup"] == 1.0
+
+
+def test_expected_speedup_formula():
+    # α = 0: one token per pass, cost v + γc
+    assert expected_speedup(0.0, 4, 0.0, 2.0) == pytest.approx(0.5)
+    # α = 1: every drafted token plus the bonus
+    assert expected_speedup(1.0, 4, 0.1, 2.0) == pytest.approx(5 / 2.4)
+    alpha, gamma, c, v = 0.8, 5, 0.05, 2.1
+    assert expected_speedup(alpha, gamma, c, v) == pytest.approx((1 - alpha**6) / ((1 - alpha) * (gamma * c + v)))
+
+
+def test_oracle_drafts_only_the_correct_prefix_that_pays():
+    prompt = [5, 6, 7, 8, 9, 5, 6]
+    # the n-gram "5 6" proposes 7 8 9 5 6 ...; the text continues 7 8 then diverges
+    generated = [7, 8, 1, 2]
+    spent = oracle_cost(prompt, generated, COSTS, (2, 2), max_draft=7)
+    # step 1: correct prefix 7 8 -> best k by (k+1)/cost(k+1): 1/0.1, 2/0.15, 3/0.175 -> k=2, which
+    # commits 7 8 and the target's 1; step 2: one token left, nothing to draft -> one plain pass
+    assert spent == pytest.approx(COSTS.verify(3) + COSTS.verify(1))
+    # with a curve where batches cost k times one token, drafting never pays even when correct
+    linear = CostModel({1: 0.1, 8: 0.8})
+    assert oracle_cost(prompt, generated, linear, (2, 2), max_draft=7) == pytest.approx(4 * 0.1)
+
+
+def test_builtin_workloads_cover_the_three_kinds():
+    prompts = load_prompts()
+    assert {"code_edit", "summarization"} <= {p.category for p in prompts}
+    assert len(load_prompts(limit=1, categories=["code_edit"])) == 1
+
+
+def test_calibration_on_a_real_backend_is_sane_and_leaves_caches_empty(tiny_pair):
+    from specllm.backend import LlamaBackend, LoadOptions
+
+    target = LlamaBackend(tiny_pair[0], LoadOptions(n_ctx=256, n_threads=2))
+    costs = measure_costs(target, target, max_batch=8, repeats=1)
+    assert target.n_past == 0
+    assert sorted(costs.batch_seconds) == [1, 2, 3, 4, 6, 8]
+    for k, seconds in costs.batch_seconds.items():
+        assert costs.verify(1) <= seconds <= k * costs.verify(1)
+    assert costs.draft_seconds > 0
+    target.close()
+
+
+def test_bench_cli_short_real_run_writes_the_json_schema(tmp_path, smollm2_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        json.dumps({"question_id": 1, "category": "code_edit", "turns": ["Repeat exactly: def add(a, b): return a + b"]}) + "\n"
+        + json.dumps({"question_id": 2, "category": "qa", "turns": ["What is 2 + 2?"]}) + "\n"
+    )  # fmt: skip
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(app, ["bench", "-m", str(smollm2_path), "--prompts", str(prompts), "-n", "12", "--strategies", "ngram,auto", "--json", str(out), "-c", "1024"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert {"machine", "models", "settings", "verify_cost", "results"} <= set(report)
+    assert report["partial"] is False
+    assert [p["batch"] for p in report["verify_cost"]][:3] == [1, 2, 3]
+    keys = {"strategy", "category", "prompts", "tokens", "seconds", "tok_per_s", "speedup", "acceptance_rate", "mean_accepted_length", "identical_to_off", "oracle_speedup"}
+    assert all(keys <= set(row) for row in report["results"])
+    assert {(r["strategy"], r["category"]) for r in report["results"]} >= {("off", "qa"), ("ngram", "code_edit"), ("auto", "all")}
+    assert all(r["identical_to_off"] for r in report["results"])
