@@ -1,0 +1,77 @@
+"""`specllm run` as a user runs it: a real subprocess on a real (small) model."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+STATS_KEYS = {"prompt_tokens", "seconds", "tok_per_s", "target_passes", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "by_source"}
+
+
+def specllm(*args, stdin: str | None = None):
+    return subprocess.run(
+        [sys.executable, "-m", "specllm", *args], input=stdin, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_path):
+    return ["-m", str(smollm2_path), "--temp", "0", "-c", "1024"]
+
+
+def test_piped_stdin_then_prompt_prints_only_text(smol):
+    result = specllm("run", *smol, "-p", "Add type hints.", "-n", "24", "--spec", "ngram", stdin="def f(x): return x\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert result.stderr == ""  # not a terminal and not --verbose: nothing on stderr
+
+
+def test_json_is_one_object_with_text_tokens_and_stats(smol):
+    result = specllm("run", *smol, "-p", "Name three colours.", "-n", "16", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)  # the whole of stdout is one JSON document
+    assert {"text", "tokens", "stats", "finish_reason"} <= set(data)
+    assert STATS_KEYS <= set(data["stats"])
+    assert set(data["stats"]["by_source"]) >= {"ngram", "draft"}
+    assert len(data["tokens"]) == data["stats"]["tokens"] <= 16
+
+
+def test_text_mode_equals_json_text_and_every_strategy_agrees_at_temperature_zero(smol):
+    prompt = ["-p", "Repeat this line twice: the quick brown fox jumps over the lazy dog", "-n", "40"]
+    texts = {}
+    for spec in ("off", "ngram", "auto"):
+        data = json.loads(specllm("run", *smol, *prompt, "--spec", spec, "--json").stdout)
+        texts[spec] = data["text"]
+    assert texts["ngram"] == texts["off"] == texts["auto"]
+    plain = specllm("run", *smol, *prompt, "--spec", "off")
+    assert plain.stdout == texts["off"] + ("" if texts["off"].endswith("\n") else "\n")
+
+
+def test_verbose_puts_statistics_on_stderr_only(smol):
+    result = specllm("run", *smol, "-p", "Say hi.", "-n", "8", "--verbose")
+    assert result.returncode == 0
+    assert "tok/s" in result.stderr and "tok/s" not in result.stdout
+
+
+def test_raw_prompt_skips_the_template(smol):
+    result = specllm("run", *smol, "-p", "def add(a, b):", "--raw", "-n", "8", "--json")
+    data = json.loads(result.stdout)
+    templated = json.loads(specllm("run", *smol, "-p", "def add(a, b):", "-n", "8", "--json").stdout)
+    assert data["stats"]["prompt_tokens"] < templated["stats"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--temp", "-1"], "--temp"),
+        (["-n", "0"], "--max-tokens"),
+        (["--top-p", "1.5"], "--top-p"),
+        (["--spec", "fast"], "--spec"),
+    ],
+)
+def test_impossible_flags_are_usage_errors(smol, args, message):
+    result = specllm("run", *smol, "-p", "x", *args)
+    assert result.returncode == 2
+    assert result.stderr.startswith("Error:") and message in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
