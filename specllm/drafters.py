@@ -68,6 +68,7 @@ class ModelDrafter:
         self.model = model
         self.p_min = p_min
         self.n_vocab = n_vocab or model.n_vocab  # the target's: q rows must line up with p rows
+        model.rewind(0)
         self.kv_tokens: list[int] = []  # what the draft model's KV cache holds, in order
 
     def propose(self, history, max_tokens, params, rng, keep_going=None) -> Draft | None:

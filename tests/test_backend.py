@@ -1,0 +1,187 @@
+"""The llama.cpp backend on tiny generated GGUFs, and GGUF validation on broken files.
+
+Tiny models have f32 weights, so batched and one-by-one evaluation agree to float rounding;
+any larger difference means wrong rows, wrong positions or a stale KV cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specllm import ggufinfo
+from specllm.backend import ContextFull, LlamaBackend, LoadOptions
+from specllm.decode import _TextStream, generate_plain
+from specllm.errors import SpecllmError
+from specllm.sampling import SamplingParams
+from tests.tiny_gguf import truncate_in_header, truncate_in_tensor_data, write_unknown_architecture
+
+ATOL = 1e-3  # logits have a standard deviation of ~6; f32 kernels differ by ~1e-5
+TEXT = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun."
+
+
+def _load(path, n_ctx=256, n_batch=512) -> LlamaBackend:
+    return LlamaBackend(path, LoadOptions(n_ctx=n_ctx, n_threads=1, n_gpu_layers=0, n_batch=n_batch))
+
+
+@pytest.fixture(scope="module")
+def target_path(tiny_pair):
+    return tiny_pair[0]
+
+
+@pytest.fixture()
+def model(target_path):
+    backend = _load(target_path)
+    yield backend
+    backend.close()
+
+
+def _one_by_one(model: LlamaBackend, tokens: list[int]) -> np.ndarray:
+    model.rewind(0)
+    return np.vstack([model.evaluate([t], [0]) for t in tokens])
+
+
+def test_tiny_model_loads_and_generates(model):
+    assert model.n_vocab == 49152 and model.n_ctx >= 256
+    prompt = model.tokenize(TEXT)
+    greedy = generate_plain(model, prompt, 12, SamplingParams(temperature=0.0), None)
+    assert len(greedy) == 12
+    assert generate_plain(model, prompt, 12, SamplingParams(temperature=0.0), None) == greedy
+
+
+def test_evaluate_returns_exactly_the_requested_rows(model):
+    tokens = model.tokenize(TEXT)
+    rows = [0, 3, 7, len(tokens) - 1]
+    batched = model.evaluate(tokens, rows)
+    assert batched.shape == (len(rows), model.n_vocab)
+    assert model.n_past == len(tokens)
+    sequential = _one_by_one(model, tokens)
+    np.testing.assert_allclose(batched, sequential[rows], atol=ATOL)
+    model.rewind(0)
+    assert model.evaluate(tokens, []).shape == (0, model.n_vocab)
+
+
+def test_rewind_then_reevaluate_reproduces_the_logits(model, target_path):
+    tokens = model.tokenize(TEXT)
+    first = model.evaluate(tokens, list(range(len(tokens))))
+    cut = 6
+    other = tokens[:cut] + model.tokenize(" elephants painted the") + tokens[-3:]
+    model.rewind(cut)
+    assert model.n_past == cut
+    rewound = model.evaluate(other[cut:], list(range(len(other) - cut)))
+    fresh = _load(target_path)
+    expected = fresh.evaluate(other, list(range(len(other))))[cut:]
+    np.testing.assert_allclose(rewound, expected, atol=ATOL)
+    # The same last three tokens after a different middle: the context must matter, else
+    # this test could not see a stale KV cache.
+    assert np.abs(rewound[-1] - first[-1]).max() > 0.1
+    model.rewind(cut)
+    again = model.evaluate(tokens[cut:], list(range(len(tokens) - cut)))
+    np.testing.assert_allclose(again, first[cut:], atol=ATOL)
+
+
+def test_prefill_longer_than_n_batch_is_split_into_chunks(target_path):
+    small = _load(target_path, n_batch=16)
+    tokens = small.tokenize(TEXT * 3)
+    assert len(tokens) > 3 * 16
+    rows = [0, 15, 16, 17, 31, 32, len(tokens) - 1]  # on both sides of the chunk boundaries
+    chunked = small.evaluate(tokens, rows)
+    assert small.n_past == len(tokens)
+    whole = _load(target_path).evaluate(tokens, rows)
+    np.testing.assert_allclose(chunked, whole, atol=ATOL)
+
+
+def test_context_full_is_raised_past_n_ctx(model):
+    tokens = [1000 + i for i in range(model.n_ctx - 2)]
+    model.evaluate(tokens, [])
+    with pytest.raises(ContextFull, match="context full"):
+        model.evaluate([5, 6, 7], [0])
+    assert model.n_past == model.n_ctx - 2  # nothing was evaluated
+    assert model.evaluate([5, 6], [1]).shape == (1, model.n_vocab)  # exactly full is fine
+    assert model.n_past == model.n_ctx
+
+
+def test_tokenize_and_token_bytes_round_trip(model):
+    text = "def f(x):\n    return x  # héllo wörld — 日本語 🙂\n"
+    tokens = model.tokenize(text)
+    assert b"".join(model.token_bytes(t) for t in tokens) == text.encode("utf-8")
+    eos = model.tokenize("<|im_end|>", parse_special=True)
+    assert len(eos) == 1 and model.is_eog(eos[0])
+    assert model.token_text(eos[0]) == "<|im_end|>"
+    assert model.token_bytes(eos[0]) == b""  # control tokens render as nothing
+    assert not any(model.is_eog(t) for t in tokens)
+
+
+def test_text_stream_never_emits_half_a_character(model):
+    text = "naïve 🙂 日本語 — ok"
+    tokens = model.tokenize(text)
+    pieces = [model.token_bytes(t) for t in tokens]
+    assert any(_is_partial(p) for p in pieces), "the text should split a character across tokens"
+    stream = _TextStream(model)
+    emitted = [stream.push(t) for t in tokens]
+    emitted.append(stream.flush())
+    assert "".join(emitted) == text
+    assert not any("\ufffd" in piece for piece in emitted)
+    shown = b""
+    for token, piece in zip(tokens, emitted):
+        shown += piece.encode("utf-8")
+        assert text.encode("utf-8").startswith(shown)
+
+
+def _is_partial(piece: bytes) -> bool:
+    try:
+        piece.decode("utf-8")
+        return False
+    except UnicodeDecodeError:
+        return True
+
+
+# -- broken files ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory, target_path, smollm2_path):
+    folder = tmp_path_factory.mktemp("broken")
+    (folder / "empty.gguf").write_bytes(b"")
+    (folder / "text.gguf").write_text("this is not a model\n")
+    (folder / "a-directory.gguf").mkdir()
+    return {
+        "missing": (folder / "missing.gguf", "not found"),
+        "directory": (folder / "a-directory.gguf", "directory"),
+        "empty": (folder / "empty.gguf", "empty"),
+        "not GGUF": (folder / "text.gguf", "not a GGUF"),
+        "truncated header": (truncate_in_header(target_path, folder / "cut-header.gguf"), "truncated"),
+        "truncated data": (truncate_in_tensor_data(target_path, folder / "cut-data.gguf"), "truncated"),
+        "unknown architecture": (write_unknown_architecture(folder / "arch.gguf", tokenizer_from=smollm2_path), None),
+    }
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "empty", "not GGUF", "truncated header", "truncated data"])
+def test_inspect_names_the_file_in_one_line(broken, kind):
+    path, words = broken[kind]
+    with pytest.raises(SpecllmError) as caught:
+        ggufinfo.inspect(path)
+    message = str(caught.value)
+    assert str(path) in message and words in message
+    assert "\n" not in message
+
+
+def test_inspect_reads_a_good_file(target_path):
+    info = ggufinfo.inspect(target_path)
+    assert info.architecture == "llama"
+    assert info.n_tokens == 49152 and info.tensor_count == 2 + 9 * 2 + 1
+    assert info.metadata["tokenizer.ggml.model"] == "gpt2"
+
+
+def test_unknown_architecture_passes_inspect_but_llama_cpp_refuses_it(broken):
+    path, _ = broken["unknown architecture"]
+    assert ggufinfo.inspect(path).architecture == "nonsense"
+    with pytest.raises(SpecllmError, match="could not load") as caught:
+        _load(path)
+    assert str(path) in str(caught.value)
+
+
+def test_llama_cpp_refuses_truncated_tensor_data(broken):
+    path, _ = broken["truncated data"]
+    with pytest.raises(SpecllmError, match="could not load"):
+        _load(path)

@@ -1,0 +1,307 @@
+"""Lossless speculative decoding through llama.cpp.
+
+(a) Temperature > 0 on a tiny GGUF pair: the sequences the speculative loop generates follow
+    the target's exactly computed distribution (chi-square), for n-gram (one-hot q), draft
+    model (partly agreeing q) and chained drafts.
+(b) Temperature 0 on the default preset (Qwen2.5-Coder 1.5B / 0.5B): every strategy gives the
+    tokens of plain decoding. A divergence reports the target's logit margin at that position.
+(c) The vocabulary check between a target and a draft.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specllm.backend import LlamaBackend, LoadOptions
+from specllm.chat import encode_messages
+from specllm.decode import Decoder, Done, StepDone, fixed_budget, generate_plain
+from specllm.drafters import ChainDrafter, ModelDrafter, NgramDrafter
+from specllm.errors import SpecllmError
+from specllm.sampling import SamplingParams, warp
+from specllm.session import Engine, ModelPaths, SpecConfig
+from tests.stat_helpers import chi_square_pvalue
+from tests.tiny_gguf import write_tiny_gguf
+
+TINY = LoadOptions(n_ctx=256, n_threads=1, n_gpu_layers=0)
+
+# -- (a) temperature > 0 on tiny models ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tiny_pair):
+    target, draft = (LlamaBackend(path, TINY) for path in tiny_pair)
+    truth = LlamaBackend(tiny_pair[0], TINY)  # a separate copy computes the exact distribution
+    yield target, draft, truth
+    for model in (target, draft, truth):
+        model.close()
+
+
+def _next_probs(model: LlamaBackend, context: list[int], params: SamplingParams) -> np.ndarray:
+    model.rewind(0)
+    return warp(model.evaluate(context, [len(context) - 1])[0], params)
+
+
+@pytest.fixture(scope="module")
+def repeating_prompt(tiny_models):
+    """`S y S`: the n-gram cache proposes y, chosen so that the target gives y a middling probability."""
+    _, _, truth = tiny_models
+    params = SamplingParams(temperature=1.5, top_k=3, top_p=1.0, min_p=0.0)
+    head = truth.tokenize("def add(a, b):")
+    candidates = np.argsort(-_next_probs(truth, head, params))[:3]
+    scored = [(float(_next_probs(truth, head + [int(y)] + head, params)[y]), int(y)) for y in candidates]
+    p_y, y = max(scored)
+    assert 0.1 < p_y < 0.9, f"the n-gram proposal should be accepted sometimes, rejected sometimes: {scored}"
+    return head + [y] + head
+
+
+def _exact_distribution(truth: LlamaBackend, prompt: list[int], length: int, params: SamplingParams) -> dict:
+    """P(generated tokens) by walking every continuation the warping allows (an EOG ends a sequence)."""
+    dist: dict[tuple, float] = {}
+
+    def walk(seq: tuple, prob: float) -> None:
+        if len(seq) == length:
+            dist[seq] = dist.get(seq, 0.0) + prob
+            return
+        probs = _next_probs(truth, prompt + list(seq), params)
+        for token in np.flatnonzero(probs):
+            if truth.is_eog(int(token)):
+                dist[seq] = dist.get(seq, 0.0) + prob * probs[token]
+            else:
+                walk(seq + (int(token),), prob * probs[token])
+
+    walk((), 1.0)
+    return dist
+
+
+def _drafter(kind: str, draft: LlamaBackend, n_vocab: int):
+    if kind == "ngram":
+        return NgramDrafter(1, 3)
+    draft.rewind(0)  # a ModelDrafter starts from an empty KV cache (Engine.decoder does the same)
+    model = ModelDrafter(draft, p_min=0.0, n_vocab=n_vocab)
+    return model if kind == "draft" else ChainDrafter([NgramDrafter(1, 3), model])
+
+
+@pytest.mark.parametrize(
+    "kind, length, top_k, samples",
+    [("ngram", 2, 8, 2000), ("draft", 2, 8, 2000), ("draft", 3, 3, 1500), ("ngram+draft", 3, 3, 2000)],
+)
+def test_sampled_sequences_follow_the_target_distribution(tiny_models, repeating_prompt, kind, length, top_k, samples):
+    target, draft, truth = tiny_models
+    params = SamplingParams(temperature=1.5, top_k=top_k, top_p=1.0, min_p=0.0)
+    expected = _exact_distribution(truth, repeating_prompt, length, params)
+    decoder = Decoder(target, _drafter(kind, draft, target.n_vocab), fixed_budget(4))
+    rng = np.random.default_rng(1234)
+    outcomes, steps = [], Counter()
+    for _ in range(samples):
+        for event in decoder.generate(repeating_prompt, length, params, rng):
+            if isinstance(event, StepDone) and event.drafted:
+                steps["all accepted" if event.accepted == event.drafted else "rejected"] += 1
+            elif isinstance(event, Done):
+                outcomes.append(tuple(event.tokens))
+    assert steps["all accepted"] > samples // 20 and steps["rejected"] > samples // 20, steps
+    pvalue = chi_square_pvalue(outcomes, expected)
+    top = sorted(expected.items(), key=lambda kv: -kv[1])[:5]
+    seen = Counter(outcomes)
+    detail = ", ".join(f"{seq}: {seen[seq] / samples:.3f} vs {p:.3f}" for seq, p in top)
+    assert pvalue > 1e-3, f"{kind}: generated sequences do not follow the target (p={pvalue:.2e}; {detail})"
+
+
+# -- (b) temperature 0 on the default preset ----------------------------------------------------
+
+GREEDY = SamplingParams(temperature=0.0)
+MAX_TOKENS = 48
+
+
+# Two code-edit rows of ../shared/workloads/dev.jsonl (question_id 9005 and 9010), copied so that
+# the test does not depend on a file outside the repository, and two free-form prompts.
+PROMPTS = {
+    "code-edit-rename": (
+        "Rename the function to `splittype_v2` (update any recursive calls too). Keep everything else exactly "
+        "the same and reply with the complete function only.\n\n```python\ndef _splittype(url):\n"
+        "    \"\"\"splittype('type:opaquestring') --> 'type', 'opaquestring'.\"\"\"\n    global _typeprog\n"
+        "    if _typeprog is None:\n        _typeprog = re.compile('([^/:]+):(.*)', re.DOTALL)\n\n"
+        "    match = _typeprog.match(url)\n    if match:\n        scheme, data = match.groups()\n"
+        "        return scheme.lower(), data\n    return None, url\n```"
+    ),
+    "code-edit-docstring": (
+        "Add a concise docstring to this Python function if it has none, or rewrite the existing one to be one "
+        "line. Keep the code exactly the same and reply with the complete function only.\n\n```python\n"
+        "def _siftdown(heap, startpos, pos):\n    newitem = heap[pos]\n"
+        "    # Follow the path to the root, moving parents down until finding a place\n    # newitem fits.\n"
+        "    while pos > startpos:\n        parentpos = (pos - 1) >> 1\n        parent = heap[parentpos]\n"
+        "        if newitem < parent:\n            heap[pos] = parent\n            pos = parentpos\n"
+        "            continue\n        break\n    heap[pos] = newitem\n```"
+    ),
+    "free-reverse": "Write a Python function that reverses a string.",
+    "free-history": "In three sentences, why did the Roman Empire split into east and west?",
+}
+
+
+@pytest.fixture(scope="module")
+def qwen_engine(qwen_pair):
+    target, draft = qwen_pair
+    options = LoadOptions(n_ctx=1024, n_threads=2)
+    engine = Engine(ModelPaths(target, draft), SpecConfig(strategy="ngram+draft"), options, options)
+    yield engine
+    engine.close()
+
+
+class _Recorder:
+    """Wraps a backend and keeps every logits row it returns, by absolute KV position.
+
+    A committed token's position is never evaluated again (the KV cache is only rewound to the
+    last committed token), so the last row kept for a position is the one that chose the token.
+    """
+
+    def __init__(self, inner: LlamaBackend):
+        self.inner = inner
+        self.rows: dict[int, np.ndarray] = {}
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def evaluate(self, tokens, rows):
+        start = self.inner.n_past
+        out = self.inner.evaluate(tokens, rows)
+        for row, logits in zip(rows, out):
+            self.rows[start + row] = logits.copy()
+        return out
+
+
+def _plain(target: LlamaBackend, prompt: list[int], max_tokens: int) -> tuple[list[int], dict[int, np.ndarray]]:
+    recorder = _Recorder(target)
+    return generate_plain(recorder, prompt, max_tokens, GREEDY, None), recorder.rows
+
+
+@pytest.fixture(scope="module")
+def plain_outputs():
+    return {}  # prompt name -> (prompt tokens, plain tokens, their logits rows), filled on first use
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("strategy", ["ngram", "draft", "ngram+draft"])
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_greedy_speculation_equals_plain_decoding(qwen_engine, plain_outputs, name, strategy):
+    target = qwen_engine.target
+    if name not in plain_outputs:
+        prompt = encode_messages(target, [{"role": "user", "content": PROMPTS[name]}])
+        plain_outputs[name] = (prompt, *_plain(target, prompt, MAX_TOKENS))
+    prompt, plain, plain_rows = plain_outputs[name]
+    decoder = qwen_engine.decoder(strategy)
+    decoder.target = recorder = _Recorder(decoder.target)
+    events = decoder.generate(prompt, MAX_TOKENS, GREEDY, np.random.default_rng(0))
+    spec = next(e for e in events if isinstance(e, Done)).tokens
+    _check_greedy_path(target, prompt, spec, recorder.rows, plain, plain_rows, strategy)
+
+
+# Batched evaluation of a quantized model takes other kernels than one-token evaluation: on the
+# same context the top logits of the two paths differ by up to ~0.35 (measured on Qwen2.5-Coder
+# Q4_K_M, CPU), which can flip a near tie. A divergence passes only when both paths rank the two
+# candidates within NEAR_TIE of each other and their rows agree to ROW_NOISE (a wrong row, position
+# or KV entry moves logits by whole units); the output must then equal plain decoding from there.
+NEAR_TIE = 0.5
+ROW_NOISE = 0.75
+MAX_FLIPS = 3
+
+
+def _check_greedy_path(target, prompt, spec, spec_rows, plain, plain_rows, strategy) -> None:
+    done, flips = 0, []  # spec[:done] is checked
+    while True:
+        at = next((i for i, (a, b) in enumerate(zip(plain, spec[done:])) if a != b), None)
+        if at is None and len(plain) == len(spec) - done:
+            return
+        i = done + (at if at is not None else min(len(plain), len(spec) - done))
+        position = len(prompt) + i - 1  # the KV position whose logits chose generated token i
+        p_row, s_row = plain_rows[position], spec_rows[position]
+        p_choice, s_choice = int(np.argmax(p_row)), int(np.argmax(s_row))
+        plain_margin = float(p_row[p_choice] - p_row[s_choice])
+        spec_margin = float(s_row[s_choice] - s_row[p_choice])
+        top = np.argsort(-p_row)[:20]
+        row_gap = float(np.abs(p_row[top] - s_row[top]).max())
+        margins = (_top_margin(p_row), _top_margin(s_row), plain_margin, spec_margin, row_gap)
+        report = _divergence(target, spec, i, (p_choice, s_choice), margins, strategy, flips)
+        if p_choice == s_choice or max(plain_margin, spec_margin) >= NEAR_TIE or row_gap >= ROW_NOISE:
+            pytest.fail(report)
+        if len(flips) >= MAX_FLIPS:
+            pytest.fail(f"too many near-tie flips; the last: {report}")
+        flips.append(f"token {i}: margins {plain_margin:.3f} / {spec_margin:.3f}")
+        warnings.warn(f"tolerated a near-tie flip: {report}", stacklevel=1)
+        if target.is_eog(s_choice):  # the speculative run ended on the flipped token
+            assert len(spec) == i, report
+            return
+        done = i + 1
+        plain, plain_rows = _plain(target, prompt + spec[:done], MAX_TOKENS - done)
+
+
+def _top_margin(row: np.ndarray) -> float:
+    first, second = np.partition(row, -2)[-2:][::-1]
+    return float(first - second)
+
+
+def _divergence(target, spec, i, choices, margins, strategy, flips) -> str:
+    """One paragraph: where the outputs part and the target's logit margins there."""
+    (p_choice, s_choice), (p_top, s_top, plain_margin, spec_margin, row_gap) = choices, margins
+    text = b"".join(target.token_bytes(t) for t in spec[:i]).decode("utf-8", "replace")
+    return (
+        f"--spec {strategy} diverged from plain decoding at generated token {i}: plain chose "
+        f"{p_choice} {target.token_text(p_choice)!r}, speculative chose {s_choice} {target.token_text(s_choice)!r}. "
+        f"Target logit margin top1 - top2 there: {p_top:.4f} in plain (one token per pass), {s_top:.4f} in the "
+        f"speculative batch; between the two choices: {plain_margin:.4f} and {spec_margin:.4f} (near-tie tolerance "
+        f"{NEAR_TIE}); the rows' top-20 logits differ by up to {row_gap:.4f} (noise tolerance {ROW_NOISE}). "
+        f"Earlier tolerated flips: {flips or 'none'}. Common text: {text!r}"
+    )
+
+
+# -- (c) the vocabulary check ---------------------------------------------------------------------
+
+
+def _engine(target: Path, draft: Path) -> Engine:
+    return Engine(ModelPaths(target, draft), SpecConfig(strategy="ngram+draft"), TINY, TINY)
+
+
+@pytest.mark.real
+def test_smollm2_cannot_draft_for_qwen(qwen_pair, smollm2_path):
+    with pytest.raises(SpecllmError) as caught:
+        _engine(qwen_pair[0], smollm2_path)
+    message = str(caught.value)
+    assert qwen_pair[0].name in message and smollm2_path.name in message
+
+
+def test_vocabulary_sizes_beyond_tolerance_are_refused(tiny_pair, tiny_dir, smollm2_path):
+    short = write_tiny_gguf(tiny_dir / "tiny-short-200.gguf", 1, tokenizer_from=smollm2_path, drop_last_tokens=200)
+    with pytest.raises(SpecllmError, match="vocabulary sizes differ") as caught:
+        _engine(tiny_pair[0], short)
+    assert tiny_pair[0].name in str(caught.value) and short.name in str(caught.value)
+
+
+def test_vocabulary_sizes_within_tolerance_pass_when_texts_agree(tiny_pair, tiny_dir, smollm2_path):
+    short = write_tiny_gguf(tiny_dir / "tiny-short-100.gguf", 1, tokenizer_from=smollm2_path, drop_last_tokens=100)
+    engine = _engine(tiny_pair[0], short)
+    try:
+        assert engine.draft.n_vocab == engine.target.n_vocab - 100
+        assert engine.target_info.tokens_digest != engine.draft_info.tokens_digest  # the texts were compared
+    finally:
+        engine.close()
+
+
+def test_a_differing_token_text_is_refused(tiny_pair, tiny_dir, smollm2_path):
+    renamed = write_tiny_gguf(
+        tiny_dir / "tiny-renamed.gguf", 1, tokenizer_from=smollm2_path, token_edits={30000: "specllm-renamed"}
+    )
+    with pytest.raises(SpecllmError, match="token 30000") as caught:
+        _engine(tiny_pair[0], renamed)
+    assert tiny_pair[0].name in str(caught.value) and renamed.name in str(caught.value)
+
+
+def test_identical_tokenizers_pass(tiny_pair):
+    engine = _engine(*tiny_pair)
+    try:
+        assert engine.draft is not None
+        assert engine.target_info.tokens_digest == engine.draft_info.tokens_digest
+    finally:
+        engine.close()

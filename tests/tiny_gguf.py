@@ -1,0 +1,193 @@
+"""Tiny random-weight llama GGUFs for fast backend tests, and broken GGUFs for error paths.
+
+The tokenizer is copied from a real GGUF (SmolLM2-135M: 49152 gpt2 BPE tokens), so text
+round-trips and the vocabulary checks behave as with real models, while the network is a
+few f32 layers of width 64 that llama.cpp evaluates in well under a millisecond.
+
+The output projection is scaled by `sharpness` (the standard deviation of the logits), so
+the next-token distributions are peaked: a handful of tokens hold most of the mass, which
+makes sampling non-trivial and the outcome space of a few tokens small.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+TOKENIZER_SCALARS = {
+    "tokenizer.ggml.model": "str", "tokenizer.ggml.pre": "str",
+    "tokenizer.ggml.bos_token_id": "u32", "tokenizer.ggml.eos_token_id": "u32",
+    "tokenizer.ggml.unknown_token_id": "u32", "tokenizer.ggml.padding_token_id": "u32",
+    "tokenizer.ggml.add_bos_token": "bool", "tokenizer.ggml.add_space_prefix": "bool",
+    "tokenizer.chat_template": "str",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    tokens: tuple[str, ...]
+    token_types: tuple[int, ...]
+    merges: tuple[str, ...]
+    scalars: tuple[tuple[str, str, object], ...]  # (key, kind, value)
+
+
+@functools.lru_cache(maxsize=None)
+def read_tokenizer(path: str) -> Tokenizer:
+    """The tokenizer fields of a GGUF. GGUFReader takes seconds on a real model: cached per process."""
+    reader = gguf.GGUFReader(path)
+
+    def strings(key: str) -> tuple[str, ...]:
+        field = reader.fields[key]
+        return tuple(bytes(field.parts[i]).decode("utf-8") for i in field.data)
+
+    types = reader.fields["tokenizer.ggml.token_type"]
+    scalars = []
+    for key, kind in TOKENIZER_SCALARS.items():
+        field = reader.fields.get(key)
+        if field is not None:
+            value = field.contents()
+            scalars.append((key, kind, value))
+    return Tokenizer(
+        tokens=strings("tokenizer.ggml.tokens"),
+        token_types=tuple(int(types.parts[i][0]) for i in types.data),
+        merges=strings("tokenizer.ggml.merges"),
+        scalars=tuple(scalars),
+    )
+
+
+def write_tiny_gguf(
+    path: str | Path,
+    seed: int,
+    *,
+    tokenizer_from: str | Path,
+    n_layers: int = 2,
+    width: int = 64,
+    n_heads: int = 4,
+    n_ff: int = 128,
+    sharpness: float = 6.0,
+    base_seed: int | None = None,
+    noise: float = 0.1,
+    drop_last_tokens: int = 0,
+    token_edits: dict[int, str] | None = None,
+    architecture: str = "llama",
+    n_ctx_train: int = 2048,
+) -> Path:
+    """Write a llama-architecture GGUF with f32 weights drawn from `numpy.random.default_rng(seed)`.
+
+    With `base_seed`, the weights are those of `base_seed` plus `noise` times those of `seed`:
+    a draft model that mostly agrees with its target but not exactly. `drop_last_tokens` cuts
+    the vocabulary (and the merges producing the cut tokens), and `token_edits` (id -> text)
+    renames tokens, for vocabulary-mismatch tests.
+    """
+    path = Path(path)
+    tok = read_tokenizer(str(tokenizer_from))
+    n_vocab = len(tok.tokens) - drop_last_tokens
+    shapes = _tensor_shapes(n_layers, width, n_ff, n_vocab)
+    weights = _weights(shapes, seed)
+    if base_seed is not None:
+        base = _weights(shapes, base_seed)
+        norms = {name for name in weights if name.endswith("norm.weight")}
+        weights = {name: w if name in norms else base[name] + noise * w for name, w in weights.items()}
+    weights["output.weight"] *= sharpness
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_name(f"tiny-{architecture}-{seed}")
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(width)
+    writer.add_block_count(n_layers)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_heads)
+    writer.add_head_count_kv(n_heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(width // n_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_vocab_size(n_vocab)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _add_tokenizer(writer, tok, n_vocab, token_edits or {})
+    for name, array in weights.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _tensor_shapes(n_layers: int, width: int, n_ff: int, n_vocab: int) -> dict[str, tuple[int, ...]]:
+    """numpy shapes (GGUF writes them reversed, as llama.cpp's ne)."""
+    shapes = {"token_embd.weight": (n_vocab, width)}
+    for i in range(n_layers):
+        shapes |= {
+            f"blk.{i}.attn_norm.weight": (width,),
+            f"blk.{i}.attn_q.weight": (width, width),
+            f"blk.{i}.attn_k.weight": (width, width),
+            f"blk.{i}.attn_v.weight": (width, width),
+            f"blk.{i}.attn_output.weight": (width, width),
+            f"blk.{i}.ffn_norm.weight": (width,),
+            f"blk.{i}.ffn_gate.weight": (n_ff, width),
+            f"blk.{i}.ffn_up.weight": (n_ff, width),
+            f"blk.{i}.ffn_down.weight": (width, n_ff),
+        }
+    shapes |= {"output_norm.weight": (width,), "output.weight": (n_vocab, width)}
+    return shapes
+
+
+def _weights(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
+    """Norms at 1; matrices scaled by 1/sqrt(fan_in), so activations keep unit size; embeddings N(0, 1)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in shapes.items():
+        if len(shape) == 1:
+            out[name] = np.ones(shape, dtype=np.float32)
+            continue
+        scale = 1.0 if name == "token_embd.weight" else 1.0 / np.sqrt(shape[1])
+        out[name] = (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float32)
+    return out
+
+
+def _add_tokenizer(writer: gguf.GGUFWriter, tok: Tokenizer, n_vocab: int, edits: dict[int, str]) -> None:
+    tokens = list(tok.tokens[:n_vocab])
+    for token, text in edits.items():
+        tokens[token] = text
+    merges = list(tok.merges)
+    if n_vocab < len(tok.tokens):
+        dropped = set(tok.tokens[n_vocab:])
+        merges = [m for m in merges if m.replace(" ", "", 1) not in dropped]
+    writer.add_array("tokenizer.ggml.tokens", tokens)
+    writer.add_array("tokenizer.ggml.token_type", list(tok.token_types[:n_vocab]))
+    writer.add_array("tokenizer.ggml.merges", merges)
+    for key, kind, value in tok.scalars:
+        if kind == "str":
+            writer.add_string(key, value)
+        elif kind == "u32":
+            writer.add_uint32(key, int(value))
+        else:
+            writer.add_bool(key, bool(value))
+
+
+# -- broken files ---------------------------------------------------------------------------
+
+
+def truncate_in_header(source: str | Path, dest: str | Path, keep: int = 4096) -> Path:
+    """The first `keep` bytes: the cut falls inside the metadata (the token list is far longer)."""
+    dest = Path(dest)
+    with open(source, "rb") as fh:
+        dest.write_bytes(fh.read(keep))
+    return dest
+
+
+def truncate_in_tensor_data(source: str | Path, dest: str | Path, cut: int = 1000) -> Path:
+    """All but the last `cut` bytes: the header is whole, the last tensor is not."""
+    dest = Path(dest)
+    data = Path(source).read_bytes()
+    dest.write_bytes(data[:-cut])
+    return dest
+
+
+def write_unknown_architecture(path: str | Path, *, tokenizer_from: str | Path) -> Path:
+    """A well-formed GGUF whose `general.architecture` llama.cpp does not know."""
+    return write_tiny_gguf(path, 0, tokenizer_from=tokenizer_from, n_layers=1, architecture="nonsense")
