@@ -59,7 +59,7 @@ class CostAwarePolicy:
 
     def __init__(self, costs: CostModel, draft_max: int = 32):
         self.costs = costs
-        self.draft_max = draft_max
+        self.draft_max = min(draft_max, max(costs.batch_seconds) - 1)  # stay within the measured curve
         self.throughput = 1.0 / costs.verify(1)  # R: start from plain decoding's speed
         self.ngram: dict[tuple[int, bool], Beta] = {}
         self.confidence = [Beta.prior(min(0.95, (lo + hi) / 2)) for lo, hi in zip(CONFIDENCE_EDGES, CONFIDENCE_EDGES[1:])]
@@ -84,12 +84,13 @@ class CostAwarePolicy:
 
     def best_length(self, acceptance: list[float], draft_seconds: float) -> int:
         """argmax over k of E[committed | k drafted] - R * (time of verifying k+1 tokens)."""
-        best_k, best_value = 0, 1.0 - self.throughput * self.costs.verify(1)
+        rate = self.target_rate()
+        best_k, best_value = 0, 1.0 - rate * self.costs.verify(1)
         survive, expected = 1.0, 1.0
         for k, a in enumerate(acceptance, start=1):
             survive *= a
             expected += survive
-            value = expected - self.throughput * (self.costs.verify(k + 1) + draft_seconds)
+            value = expected - rate * (self.costs.verify(k + 1) + draft_seconds)
             if value > best_value:
                 best_k, best_value = k, value
         return best_k
@@ -97,10 +98,25 @@ class CostAwarePolicy:
     # -- draft model ----------------------------------------------------------------------
 
     def consult_draft(self) -> bool:
+        """Whether to ask the draft model now: only if it can pay at all, and not while backing off."""
+        if not self.draft_model_can_pay():
+            return False
         if self.skip_draft > 0:
             self.skip_draft -= 1
             return False
         return True
+
+    def draft_model_can_pay(self) -> bool:
+        """Even if every drafted token were accepted, would some draft length beat plain decoding?
+
+        On a CPU where a draft step costs a large share of a target pass and batches cost
+        nearly k times one token, no length does, and consulting the model only loses time.
+        """
+        one = self.costs.verify(1)
+        return any(
+            (k + 1) * one > k * self.costs.draft_seconds + self.costs.verify(k + 1)
+            for k in range(1, self.draft_max + 1)
+        )
 
     def confidence_estimate(self, confidence: float) -> Beta:
         return self.confidence[int(np.searchsorted(CONFIDENCE_EDGES, confidence, side="right")) - 1]
@@ -111,7 +127,13 @@ class CostAwarePolicy:
         survive = float(np.prod(acceptance)) if acceptance else 1.0
         gain = survive * next_acceptance
         cost = self.costs.draft_seconds + self.costs.verify(k + 2) - self.costs.verify(k + 1)
-        return gain > self.throughput * cost
+        return gain > self.target_rate() * cost
+
+    def target_rate(self) -> float:
+        """R, the value of a second in tokens: the running throughput, shrunk halfway towards plain
+        decoding's rate so that a lucky streak does not make ordinary good drafts look poor."""
+        plain = 1.0 / self.costs.verify(1)
+        return plain + 0.5 * (self.throughput - plain)
 
     # -- learning -------------------------------------------------------------------------
 

@@ -79,3 +79,12 @@ def test_auto_is_lossless_at_temperature_zero():
     decoder = Decoder(FakeBackend(seed=0), drafter, lambda history, limit: limit)
     tokens = [e for e in decoder.generate(prompt, 40, greedy, np.random.default_rng(0))][-1].tokens
     assert tokens == reference
+
+
+def test_draft_model_is_not_consulted_where_it_cannot_pay():
+    """A draft step at 69% of a target pass with batches near k times one token (measured on a
+    2-core CPU) cannot beat plain decoding even at 100% acceptance; on a GPU-like curve it can."""
+    cpu = CostModel({1: 0.032, 2: 0.057, 4: 0.098, 8: 0.228, 16: 0.262}, draft_seconds=0.022)
+    assert not CostAwarePolicy(cpu).draft_model_can_pay()
+    assert not CostAwarePolicy(cpu).consult_draft()
+    assert CostAwarePolicy(GPU.copy()).draft_model_can_pay()

@@ -54,6 +54,8 @@ def bench(
     params = c.sampling_params(temp, 40, 0.95, 0.05, seed)
     if plot is not None:
         _check_matplotlib()
+    for flag, target in (("--json", json_file), ("--plot", plot)):
+        _check_output(flag, target)
     workload = load_prompts(prompts, _split(categories), limit)
     spec = SpecConfig("ngram+draft", draft_max, draft_p_min, ngram_min, ngram_max).validate()
     engine = c.open_engine(model, draft, spec, ctx_size, threads, gpu_layers, gpu_layers_draft)
@@ -128,7 +130,7 @@ def _table(rows) -> Table:
             _fmt(r["speedup"], "x"), f"{r['acceptance_rate']:.0%}" if r["strategy"] != "off" else "-",
             f"{r['mean_accepted_length']:.2f}", f"{r['draft_share']:.0%}", _fmt(r["expected_speedup"], "x"),
             _fmt(r["oracle_speedup"], "x"), _fmt(r["share_of_oracle"], "", pct=True),
-            {True: "yes", False: "NO", None: "-"}[r["identical_to_off"]],
+            r["identical_prompts"] or "-",
         )  # fmt: skip
     return table
 
@@ -139,15 +141,15 @@ def _fmt(value, unit: str, pct: bool = False) -> str:
     return f"{value:.0%}" if pct else f"{value:.2f}{unit}"
 
 
-def _bars(rows) -> str:
-    """A terminal bar chart of speedup per category and strategy."""
-    lines = ["speedup against off (| marks 1.0x)"]
-    scale = 20
-    for r in rows:
-        if r["strategy"] == "off" or r["speedup"] is None:
-            continue
-        n = max(0, round(r["speedup"] * scale))
-        bar = ("█" * n)[:scale] + "|" + ("█" * max(0, n - scale)) if n >= scale else "█" * n + " " * (scale - n) + "|"
+def _bars(rows, width: int = 40) -> str:
+    """A terminal bar chart of speedup per category and strategy; '|' marks 1.0x."""
+    shown = [r for r in rows if r["strategy"] != "off" and r["speedup"] is not None]
+    top = max([2.0] + [r["speedup"] for r in shown])
+    one = round(width / top)
+    lines = [f"speedup against off ('|' marks 1.0x, full width {top:.1f}x)"]
+    for r in shown:
+        n = min(width, round(r["speedup"] * width / top))
+        bar = "".join("|" if i == one else "█" if i < n else " " for i in range(width + 1))
         lines.append(f"{r['category'][:14]:>14} {r['strategy']:<12} {bar} {r['speedup']:.2f}x")
     return "\n".join(lines)
 
@@ -208,6 +210,16 @@ def _write(path: Path, text: str) -> None:
         path.write_text(text + "\n", "utf-8")
     except OSError as exc:
         raise SpecllmError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _check_output(flag: str, path: Path | None) -> None:
+    """Before minutes of measuring, refuse an output file that cannot be created at all."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory")
+    if not path.parent.is_dir():
+        raise UsageError(f"{flag} {path}: the folder {path.parent} does not exist")
 
 
 def _check_matplotlib() -> None:
