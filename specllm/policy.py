@@ -74,7 +74,8 @@ class CostAwarePolicy:
     def ngram_estimate(self, match_length: int) -> Beta:
         key = (match_length, self.last_full)
         if key not in self.ngram:
-            self.ngram[key] = Beta.prior(0.5)
+            # Longer matches predict better; the data soon outweighs this prior.
+            self.ngram[key] = Beta.prior(min(0.8, 0.35 + 0.1 * match_length))
         return self.ngram[key]
 
     def ngram_length(self, available: int, match_length: int) -> int:

@@ -184,7 +184,7 @@ def plain_outputs():
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("strategy", ["ngram", "draft", "ngram+draft"])
+@pytest.mark.parametrize("strategy", ["ngram", "draft", "ngram+draft", "auto"])
 @pytest.mark.parametrize("name", list(PROMPTS))
 def test_greedy_speculation_equals_plain_decoding(qwen_engine, plain_outputs, name, strategy):
     target = qwen_engine.target
