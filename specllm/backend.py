@@ -107,7 +107,8 @@ class LlamaBackend:
             self.close()
             raise SpecllmError(f"{self.path}: llama.cpp could not create a context of {options.n_ctx} tokens")
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
-        self.n_batch = options.n_batch
+        # llama.cpp pads n_ctx up but cuts n_batch down to the n_ctx asked for; a bigger batch aborts the process.
+        self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.n_past = 0

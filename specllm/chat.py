@@ -139,10 +139,11 @@ def apply_set(settings: ChatSettings, args: list[str]) -> ChatSettings:
         return replace(settings, max_tokens=number)
     if name == "seed":
         seed = None if value.lower() in ("none", "random", "-1") else _number(name, value, int)
-        return replace(settings, params=replace(settings.params, seed=seed))
-    field_name = {"temp": "temperature"}.get(name, name)
-    number = _number(name, value, int if name == "top_k" else float)
-    params = replace(settings.params, **{field_name: number})
+        params = replace(settings.params, seed=seed)
+    else:
+        field_name = {"temp": "temperature"}.get(name, name)
+        number = _number(name, value, int if name == "top_k" else float)
+        params = replace(settings.params, **{field_name: number})
     try:
         params.validate()
     except UsageError as exc:  # the message names the flag (--temp); here it is a setting

@@ -64,8 +64,14 @@ def inspect(path: str | Path) -> GGUFInfo:
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
             try:
                 return _walk(path, data)
-            except (struct.error, IndexError, ValueError, KeyError) as exc:
-                raise SpecllmError(f"{path}: truncated or damaged GGUF header ({exc})") from None
+            except (struct.error, _PastEnd):
+                raise SpecllmError(f"{path}: truncated GGUF: the file ends inside its header ({size} bytes)") from None
+            except (IndexError, ValueError, KeyError) as exc:
+                raise SpecllmError(f"{path}: damaged GGUF header ({exc})") from None
+
+
+class _PastEnd(Exception):
+    """The header claims more bytes than the file has."""
 
 
 def _walk(path: Path, data: mmap.mmap) -> GGUFInfo:
@@ -92,6 +98,8 @@ def _walk(path: Path, data: mmap.mmap) -> GGUFInfo:
     for _ in range(tensor_count):
         name, offset = _string(data, offset)
         (n_dims,) = struct.unpack_from("<I", data, offset)
+        if n_dims > 4:  # GGML_MAX_DIMS
+            raise ValueError(f"tensor {name!r} has {n_dims} dimensions")
         dims = struct.unpack_from(f"<{n_dims}Q", data, offset + 4)
         ttype, tensor_offset = struct.unpack_from("<IQ", data, offset + 4 + 8 * n_dims)
         offset += 4 + 8 * n_dims + 12
@@ -101,7 +109,7 @@ def _walk(path: Path, data: mmap.mmap) -> GGUFInfo:
             n_elements *= d
         data_end = max(data_end, tensor_offset + n_elements // block * block_bytes)
     if offset > len(data):
-        raise ValueError("header runs past the end of the file")
+        raise _PastEnd()
     data_start = -(-offset // alignment) * alignment
     if data_start + data_end > len(data):
         missing = data_start + data_end - len(data)
@@ -113,7 +121,7 @@ def _string(data: mmap.mmap, offset: int) -> tuple[str, int]:
     (length,) = struct.unpack_from("<Q", data, offset)
     end = offset + 8 + length
     if end > len(data):
-        raise ValueError("string runs past the end of the file")
+        raise _PastEnd()
     return data[offset + 8 : end].decode("utf-8", "replace"), end
 
 

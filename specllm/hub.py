@@ -7,6 +7,7 @@ progress goes to `progress(description, done_bytes, total_bytes)`, failed source
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import inspect
 import os
@@ -141,6 +142,11 @@ def fetch(
         except SourceSkipped as exc:
             failures.append(f"{label} {exc}")
         except Exception as exc:  # noqa: BLE001 - any failure of one source means: try the next
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:  # every other source would fail alike
+                raise SpecllmError(
+                    f"no space left on the device for {entry.name} ({entry.size} bytes) in {path.parent}; "
+                    "free some space or point SPECLLM_CACHE elsewhere"
+                ) from None
             failed = "" if isinstance(exc, Unreachable) else "failed: "
             failures.append(f"{label} {failed}{_one_line(exc)}")
             if warn and i + 1 < len(sources):  # the last failure is in the final error instead

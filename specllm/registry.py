@@ -119,6 +119,8 @@ def read_registry(path: Path) -> Registry:
         text = path.read_text("utf-8")
     except OSError as exc:
         raise SpecllmError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise SpecllmError(f"{path}: not a UTF-8 text file (byte {exc.start})") from None
     return parse_registry(text, str(path))
 
 
@@ -329,8 +331,8 @@ def resolve_model(
 ) -> Path:
     """A local .gguf path, or the cached (downloaded if `fetch`) file of a preset's target or a model."""
     path = Path(spec).expanduser()
-    if path.is_file():
-        return path
+    if path.is_file() or (looks_like_path(spec) and path.exists()):
+        return path  # a directory or an unreadable file: ggufinfo.inspect says which
     if looks_like_path(spec):
         raise SpecllmError(f"model file not found: {spec}")
     registry = registry or load_registry()

@@ -35,6 +35,8 @@ class SamplingParams:
             raise UsageError(f"--top-p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p < 1.0:
             raise UsageError(f"--min-p must be in [0, 1), got {self.min_p}")
+        if self.seed is not None and self.seed < 0:
+            raise UsageError(f"--seed must be 0 or more, got {self.seed}")
         return self
 
 

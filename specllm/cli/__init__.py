@@ -6,9 +6,9 @@ import os
 import signal
 import sys
 
-import click
 import typer
 
+from specllm.cli.interrupt import Terminated
 from specllm.errors import SpecllmError, UsageError
 
 app = typer.Typer(
@@ -32,24 +32,34 @@ except ImportError:  # pragma: no cover
     pass
 
 
+# Typer re-exports click's exception classes, or (Typer >= 0.2x, which no longer needs click) those
+# of the click copy it vendors: take them from Typer, so either kind of install is mapped.
+_click_errors = sys.modules[typer.BadParameter.__module__]
+ClickException = _click_errors.ClickException
+
+
 def _error(message: str) -> None:
     print(f"Error: {message}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: maps failures to one stderr line and the documented exit codes."""
+    """Entry point: maps failures to one stderr line and the documented exit codes.
+
+    The command runs through click's make_context/invoke rather than click's (or Typer's) main,
+    which would turn Ctrl-C into exit code 1 or 0 and a closed pipe into exit code 1.
+    """
     signal.signal(signal.SIGTERM, _raise_terminated)
     command = typer.main.get_command(app)
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        command.main(args=argv, prog_name="specllm", standalone_mode=False)
-    except click.exceptions.Exit as exc:
+        with command.make_context("specllm", args) as ctx:
+            command.invoke(ctx)
+    except typer.Exit as exc:
+        _flush_stdout()
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        sys.exit(130)
-    except KeyboardInterrupt:
+    except ClickException as exc:
+        _usage_error(exc)
+    except (KeyboardInterrupt, typer.Abort):
         _quiet_stdout()
         print("Interrupted.", file=sys.stderr)
         sys.exit(130)
@@ -60,6 +70,15 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         _quiet_stdout()
         sys.exit(0)
+    except SystemExit as exc:
+        if isinstance(exc.__context__, BrokenPipeError):  # rich ends a closed pipe with exit code 1
+            _quiet_stdout()
+            sys.exit(0)
+        raise
+    except OSError as exc:  # SpecllmError explains the files it knows; this is what is left: mostly stdout
+        _error(_describe_os_error(exc))
+        _quiet_stdout()
+        sys.exit(1)
     except UsageError as exc:
         _error(str(exc))
         sys.exit(2)
@@ -68,11 +87,36 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("SPECLLM_DEBUG"):
             raise
         sys.exit(1)
+    except Exception as exc:  # noqa: BLE001 - a bug: still one line, the traceback on request
+        if os.environ.get("SPECLLM_DEBUG"):
+            raise
+        _error(f"unexpected {type(exc).__name__}: {_one_line(exc)} (a bug; SPECLLM_DEBUG=1 shows the traceback)")
+        sys.exit(1)
     _flush_stdout()
 
 
-class Terminated(Exception):
-    """SIGTERM, turned into an exception so that output already written is flushed."""
+def _usage_error(exc) -> None:
+    """Click's usage errors as one line (its own show() prints the usage block first)."""
+    message = exc.format_message()
+    ctx = getattr(exc, "ctx", None)
+    if not message.strip():  # no arguments: Typer has already printed the help
+        pass
+    elif "\n" in message.strip():  # no arguments (plain click): the message is the help text
+        exc.show()
+    else:
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None and exc.exit_code == 2 else ""
+        _error(message + hint)
+    sys.exit(exc.exit_code)
+
+
+def _describe_os_error(exc: OSError) -> str:
+    reason = exc.strerror or _one_line(exc)
+    return f"{exc.filename}: {reason}" if exc.filename else f"cannot write the output: {reason}"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:297] + "..." if len(text) > 300 else text
 
 
 def _raise_terminated(signum, frame):  # noqa: ARG001

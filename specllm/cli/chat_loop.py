@@ -260,6 +260,10 @@ def script_reader(stream) -> ReadLine:
             raise SpecllmError(f"standard input is not valid UTF-8 (byte {exc.start})") from None
         if not line:
             raise EOFError
+        try:  # a C locale decodes stdin with surrogateescape: undecodable bytes arrive as lone surrogates
+            line.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise SpecllmError(f"standard input is not valid UTF-8 (character {exc.start + 1} of the line)") from None
         return line.rstrip("\r\n")
 
     return read

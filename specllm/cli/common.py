@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from specllm import registry
 from specllm.backend import LoadOptions
@@ -16,6 +17,7 @@ from specllm.sampling import SamplingParams
 from specllm.session import STRATEGIES, Engine, ModelPaths, SpecConfig
 
 stderr = Console(stderr=True, highlight=False)
+MAX_THREADS = 512  # GGML_MAX_N_THREADS: llama.cpp crashes on more
 
 # -- options shared by the generating commands (Typer `Annotated` aliases) ----------------
 Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Preset name or path to a GGUF file. [default: the default preset]")]
@@ -48,8 +50,8 @@ def check_common(max_tokens: int, ctx_size: int, threads: int | None) -> None:
         raise UsageError(f"--max-tokens must be at least 1, got {max_tokens}")
     if ctx_size < 8:
         raise UsageError(f"--ctx-size must be at least 8 tokens, got {ctx_size}")
-    if threads is not None and threads < 1:
-        raise UsageError(f"--threads must be at least 1, got {threads}")
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise UsageError(f"--threads must be between 1 and {MAX_THREADS}, got {threads}")
 
 
 def open_engine(
@@ -77,7 +79,11 @@ def open_engine(
 
 
 def warn(message: str) -> None:
-    stderr.print(f"[yellow]warning:[/] {message}" if _colour_ok() else f"warning: {message}")
+    """One line on stderr, never wrapped, never read as markup (paths may hold brackets)."""
+    if _colour_ok():
+        stderr.print(Text.assemble(("warning:", "yellow"), f" {message}"), soft_wrap=True)
+    else:
+        print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def download_progress():

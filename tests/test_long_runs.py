@@ -1,0 +1,152 @@
+"""Long generations on the tiny GGUF pair (SmolLM2's tokenizer, random weights, f32).
+
+- `--spec auto` generating until the context is full keeps memory flat: the n-gram index and the
+  Python heap grow by a bounded amount per token held in the context, and nothing is left behind
+  between generations.
+- Greedy output over 1200 tokens, several prompts, every strategy, is the output of plain decoding.
+  Batched evaluation takes other float paths than one-token evaluation, so an exact tie can
+  resolve differently; a divergence passes only at such a tie (both paths rank the two tokens
+  within TIE of each other) and the comparison then resumes from the speculative prefix.
+"""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from specllm.backend import LoadOptions
+from specllm.decode import Done, StepDone, generate_plain
+from specllm.sampling import SamplingParams
+from specllm.session import Engine, ModelPaths, SpecConfig
+
+N_CTX = 2048
+GREEDY = SamplingParams(temperature=0.0)
+LONG = 1200
+TIE = 0.02  # f32 logits of the tiny models: batched and one-token paths differ by ~1e-3
+MAX_FLIPS = 3
+PROMPTS = {
+    "code": "def add(a, b):\n    return a + b\n\ndef sub(a, b):",
+    "question": "Write a Python function that reverses a string.",
+    "echo": "Summarise: the cat sat on the mat. The cat sat on the mat. The cat sat on the mat.",
+}
+STRATEGIES = ["off", "ngram", "draft", "ngram+draft", "auto"]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_pair):
+    options = LoadOptions(n_ctx=N_CTX, n_threads=1, n_gpu_layers=0)
+    engine = Engine(ModelPaths(*tiny_pair), SpecConfig("auto"), options, options, cost_cache=None)
+    engine.costs()  # measured once, outside the memory checks
+    for token in range(engine.target.n_vocab):  # the token-text cache is bounded by the vocabulary: fill it now
+        engine.target.token_bytes(token)
+    yield engine
+    engine.close()
+
+
+def _fill_context(engine: Engine, params: SamplingParams, marks=(0.25, 0.9)):
+    """Generate with auto until the context is full; traced heap size when the history crosses each mark."""
+    decoder = engine.decoder("auto")
+    prompt = engine.encode(PROMPTS["code"])
+    heap, done = {}, None
+    for event in decoder.generate(prompt, 10 * N_CTX, params, np.random.default_rng(0)):
+        if isinstance(event, StepDone):
+            for mark in marks:
+                if mark not in heap and len(decoder.history) >= mark * N_CTX:
+                    gc.collect()
+                    heap[mark] = (len(decoder.history), tracemalloc.get_traced_memory()[0])
+        elif isinstance(event, Done):
+            done = event
+    return decoder, done, heap
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_auto_until_the_context_is_full_keeps_memory_flat(engine, temperature):
+    params = SamplingParams(temperature=temperature, seed=0)
+    tracemalloc.start()
+    try:
+        gc.collect()
+        start = tracemalloc.get_traced_memory()[0]
+        decoder, done, heap = _fill_context(engine, params)
+        assert done.finish_reason == "context"
+        assert len(decoder.history) == N_CTX + 1  # the KV cache holds every token but the last
+        cache = decoder.drafter.ngram.cache
+        assert len(cache.tokens) <= N_CTX + 1
+        assert len(cache._index) <= (cache.n_max - cache.n_min + 1) * N_CTX
+        assert len(decoder.drafter.model.kv_tokens) <= N_CTX
+        (t1, m1), (t2, m2) = heap[0.25], heap[0.9]
+        per_token = (m2 - m1) / (t2 - t1)
+        assert per_token < 1500, f"{per_token:.0f} bytes of Python heap per generated token"
+        del decoder, done
+        gc.collect()
+        after_first = tracemalloc.get_traced_memory()[0]
+        _fill_context(engine, params)  # a second generation: nothing of the first one may stay
+        gc.collect()
+        after_second = tracemalloc.get_traced_memory()[0]
+        assert after_second - after_first < 64 * 1024, (start, after_first, after_second)
+    finally:
+        tracemalloc.stop()
+
+
+class _Recorder:
+    """Keeps the logits row each KV position last produced (the one that chose the next token)."""
+
+    def __init__(self, inner):
+        self.inner, self.rows = inner, {}
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def evaluate(self, tokens, rows):
+        start = self.inner.n_past
+        out = self.inner.evaluate(tokens, rows)
+        for row, logits in zip(rows, out):
+            self.rows[start + row] = logits
+        return out
+
+
+def _plain(engine: Engine, prompt: list[int], max_tokens: int):
+    recorder = _Recorder(engine.target)
+    return generate_plain(recorder, prompt, max_tokens, GREEDY, None), recorder.rows
+
+
+@pytest.fixture(scope="module")
+def plain_runs(engine):
+    runs = {}
+    for name, text in PROMPTS.items():
+        prompt = engine.encode(text)
+        runs[name] = (prompt, *_plain(engine, prompt, LONG))
+    return runs
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_long_greedy_runs_equal_plain_decoding(engine, plain_runs, strategy):
+    for name, (prompt, plain, plain_rows) in plain_runs.items():
+        decoder = engine.decoder(strategy)
+        decoder.target = recorder = _Recorder(decoder.target)
+        events = decoder.generate(prompt, LONG, GREEDY, np.random.default_rng(0))
+        spec = next(e for e in events if isinstance(e, Done)).tokens
+        assert len(spec) == LONG
+        _compare(engine, prompt, spec, recorder.rows, plain, plain_rows, f"{strategy} on {name!r}")
+
+
+def _compare(engine, prompt, spec, spec_rows, plain, plain_rows, label) -> None:
+    """spec must equal plain, except where the target's two best tokens tie within float noise."""
+    done, flips = 0, 0
+    while True:
+        at = next((i for i, (a, b) in enumerate(zip(plain, spec[done:])) if a != b), None)
+        if at is None:
+            assert len(spec) - done == len(plain), label
+            return
+        i = done + at
+        position = len(prompt) + i - 1
+        p_row, s_row = plain_rows[position], spec_rows[position]
+        chosen = (int(np.argmax(p_row)), int(np.argmax(s_row)))
+        margins = (float(p_row[chosen[0]] - p_row[chosen[1]]), float(s_row[chosen[1]] - s_row[chosen[0]]))
+        assert max(margins) < TIE, f"{label}: token {i} differs: plain {chosen[0]}, speculative {chosen[1]}, margins {margins}"
+        flips += 1
+        assert flips <= MAX_FLIPS, f"{label}: too many tie flips"
+        done = i + 1
+        plain, plain_rows = _plain(engine, prompt + spec[:done], LONG - done)
