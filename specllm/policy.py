@@ -34,9 +34,11 @@ class Beta:
     accepted: float
     rejected: float
 
+    prior_accepted: float = 0.0
+
     @classmethod
     def prior(cls, mean: float) -> "Beta":
-        return cls(mean * PRIOR_WEIGHT, (1 - mean) * PRIOR_WEIGHT)
+        return cls(mean * PRIOR_WEIGHT, (1 - mean) * PRIOR_WEIGHT, mean * PRIOR_WEIGHT)
 
     @property
     def mean(self) -> float:
@@ -80,8 +82,10 @@ class CostAwarePolicy:
 
     def ngram_length(self, available: int, match_length: int) -> int:
         """Best number of proposed tokens to draft (0: not worth verifying)."""
-        a = self.ngram_estimate(match_length).optimistic
-        return self.best_length([a] * min(available, self.draft_max), 0.0)
+        estimate = self.ngram_estimate(match_length)
+        # Long drafts are bets: grow them only as this kind of proposal proves itself (1, 3, 5, ...).
+        cap = 1 + 2 * int(max(0.0, estimate.accepted - estimate.prior_accepted))
+        return self.best_length([estimate.optimistic] * min(available, self.draft_max, cap), 0.0)
 
     def best_length(self, acceptance: list[float], draft_seconds: float) -> int:
         """argmax over k of E[committed | k drafted] - R * (time of verifying k+1 tokens)."""

@@ -27,7 +27,7 @@ def bench(
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Spec-Bench style JSONL (question_id, category, turns). [default: built-in set]")] = None,
     categories: Annotated[Optional[str], typer.Option("--categories", help="Comma-separated categories to keep.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="At most this many prompts per category.")] = None,
-    strategies: Annotated[str, typer.Option("--strategies", help="Comma-separated strategies; `off` is always included.")] = ",".join(STRATEGIES[1:] + STRATEGIES[:1]),
+    strategies: Annotated[str, typer.Option("--strategies", help=f"Comma-separated, from {', '.join(STRATEGIES)}; `off` always runs as the reference.")] = "ngram,auto",
     max_tokens: c.MaxTokens = 128,
     temp: c.Temp = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
