@@ -114,7 +114,11 @@ def _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy) -> di
         "mean_accepted_length": round(total.mean_accepted_length, 3),
         "per_position": [round(a / d, 3) if d else 0.0 for d, a in total.per_position],
         "draft_share": round(total.draft_seconds / total.seconds, 4) if total.seconds else 0.0,
-        "by_source": {k: {"drafted": v.drafted, "accepted": v.accepted} for k, v in total.by_source.items()},
+        "by_source": {
+            k: {"steps": v.steps, "drafted": v.drafted, "accepted": v.accepted, "mean_draft_length": round(v.drafted / v.steps, 2)}
+            for k, v in total.by_source.items()
+        },
+        "undrafted_passes": total.target_passes - sum(v.steps for v in total.by_source.values()),
         "identical_to_off": _identical(group, off) == len(group) if greedy and off else None,
         "identical_prompts": f"{_identical(group, off)}/{len(group)}" if greedy and off else None,
         "oracle_speedup": round(oracle, 3) if oracle else None,
@@ -132,6 +136,8 @@ def _merge(total: Stats, part: Stats) -> None:
         mine.steps += source.steps
         mine.drafted += source.drafted
         mine.accepted += source.accepted
+        for length, count in source.lengths.items():
+            mine.lengths[length] = mine.lengths.get(length, 0) + count
     for i, (d, a) in enumerate(part.per_position):
         if i == len(total.per_position):
             total.per_position.append([0, 0])

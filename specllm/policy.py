@@ -25,6 +25,8 @@ CONFIDENCE_EDGES = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.01)
 PRIOR_WEIGHT = 2.0
 THROUGHPUT_DECAY = 0.1  # weight of one step in the running throughput
 MAX_BACKOFF = 64
+EXPLORE_EVERY = 8
+DRAFT_MARGIN = 1.1  # the draft model must promise 10% over plain decoding at full acceptance  # declined n-gram proposals before one token is tried anyway
 
 
 @dataclass
@@ -46,10 +48,10 @@ class Beta:
 
     @property
     def optimistic(self) -> float:
-        """Mean plus one standard deviation: untried kinds of draft get tried, tried ones settle."""
+        """Mean plus half a standard deviation: promising kinds of draft get tried, tried ones settle."""
         a, b = self.accepted, self.rejected
         std = (a * b / ((a + b) ** 2 * (a + b + 1))) ** 0.5
-        return min(0.99, self.mean + std)
+        return min(0.99, self.mean + 0.5 * std)
 
     def observe(self, accepted: int, rejected: bool) -> None:
         self.accepted += accepted
@@ -64,28 +66,45 @@ class CostAwarePolicy:
         self.draft_max = min(draft_max, max(costs.batch_seconds) - 1)  # stay within the measured curve
         self.throughput = 1.0 / costs.verify(1)  # R: start from plain decoding's speed
         self.ngram: dict[tuple[int, bool], Beta] = {}
+        self.ngram_pool = Beta.prior(0.75)  # every n-gram outcome: the prior of kinds not seen yet
+        self.skipped = 0  # proposals declined since the last n-gram draft
+        self.explore_every = EXPLORE_EVERY
         self.confidence = [Beta.prior(min(0.95, (lo + hi) / 2)) for lo, hi in zip(CONFIDENCE_EDGES, CONFIDENCE_EDGES[1:])]
         self.last_full = True  # was the previous draft fully accepted?
         self.draft_gain = 0.0  # running advantage of consulting the draft model, in tokens per step
         self.skip_draft = 0  # steps left before the draft model is consulted again
         self.backoff = 1
-        self.chosen_lengths: dict[str, list[int]] = {"ngram": [], "draft": []}
+        # Decided once, on the calibrated costs: noisy step timings must not flip it mid-generation,
+        # since a first consultation makes the draft model read the whole context.
+        self.use_draft_model = self.draft_model_can_pay()
 
     # -- n-gram ---------------------------------------------------------------------------
 
     def ngram_estimate(self, match_length: int) -> Beta:
         key = (match_length, self.last_full)
         if key not in self.ngram:
-            # Longer matches predict better; the data soon outweighs this prior.
-            self.ngram[key] = Beta.prior(min(0.8, 0.35 + 0.1 * match_length))
+            # A kind of proposal not seen yet starts from how n-gram drafts have fared so far.
+            self.ngram[key] = Beta.prior(self.ngram_pool.mean)
         return self.ngram[key]
 
     def ngram_length(self, available: int, match_length: int) -> int:
-        """Best number of proposed tokens to draft (0: not worth verifying)."""
+        """Best number of proposed tokens to draft (0: not worth verifying).
+
+        Where nothing pays, one token is still tried now and then (after EXPLORE_EVERY declined
+        proposals, doubling while tries fail), so that text which starts repeating later, as an
+        edit reaching the code it echoes does, is noticed.
+        """
         estimate = self.ngram_estimate(match_length)
         # Long drafts are bets: grow them only as this kind of proposal proves itself (1, 3, 5, ...).
         cap = 1 + 2 * int(max(0.0, estimate.accepted - estimate.prior_accepted))
-        return self.best_length([estimate.optimistic] * min(available, self.draft_max, cap), 0.0)
+        k = self.best_length([estimate.optimistic] * min(available, self.draft_max, cap), 0.0)
+        if k == 0:
+            self.skipped += 1
+            if self.skipped >= self.explore_every:
+                k = 1
+        if k > 0:
+            self.skipped = 0
+        return k
 
     def best_length(self, acceptance: list[float], draft_seconds: float) -> int:
         """argmax over k of E[committed | k drafted] - R * (time of verifying k+1 tokens)."""
@@ -104,7 +123,7 @@ class CostAwarePolicy:
 
     def consult_draft(self) -> bool:
         """Whether to ask the draft model now: only if it can pay at all, and not while backing off."""
-        if not self.draft_model_can_pay():
+        if not self.use_draft_model:
             return False
         if self.skip_draft > 0:
             self.skip_draft -= 1
@@ -119,7 +138,7 @@ class CostAwarePolicy:
         """
         one = self.costs.verify(1)
         return any(
-            (k + 1) * one > k * self.costs.draft_seconds + self.costs.verify(k + 1)
+            (k + 1) * one > DRAFT_MARGIN * (k * self.costs.draft_seconds + self.costs.verify(k + 1))
             for k in range(1, self.draft_max + 1)
         )
 
@@ -148,8 +167,10 @@ class CostAwarePolicy:
         for i, estimate in enumerate(acceptance_keys[: accepted + 1]):
             estimate.observe(i < accepted, i == accepted and accepted < drafted)
         if drafted:
-            self.chosen_lengths[draft.source].append(drafted)
             self.last_full = accepted == drafted
+        if draft.source == "ngram":
+            self.ngram_pool.observe(accepted, accepted < drafted)
+            self.explore_every = EXPLORE_EVERY if accepted else min(self.explore_every * 2, 1024)
         committed = accepted + 1
         plain_rate = 1.0 / self.costs.verify(1)
         if seconds > 0:

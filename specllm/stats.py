@@ -12,6 +12,7 @@ class SourceStats:
     steps: int = 0  # target passes that verified a draft from this source
     drafted: int = 0
     accepted: int = 0
+    lengths: dict[int, int] = field(default_factory=dict)  # draft length chosen -> how many steps
 
     @property
     def acceptance_rate(self) -> float:
@@ -61,6 +62,7 @@ class Stats:
         source.steps += 1
         source.drafted += step.drafted
         source.accepted += step.accepted
+        source.lengths[step.drafted] = source.lengths.get(step.drafted, 0) + 1
         while len(self.per_position) < step.drafted:
             self.per_position.append([0, 0])
         for i in range(step.drafted):
@@ -82,11 +84,11 @@ class Stats:
 
     def to_dict(self) -> dict:
         by_source = {
-            name: {"drafted": s.drafted, "accepted": s.accepted, "steps": s.steps}
+            name: {"drafted": s.drafted, "accepted": s.accepted, "steps": s.steps, "lengths": dict(sorted(s.lengths.items()))}
             for name, s in sorted(self.by_source.items())
         }
         for name in ("ngram", "draft"):
-            by_source.setdefault(name, {"drafted": 0, "accepted": 0, "steps": 0})
+            by_source.setdefault(name, {"drafted": 0, "accepted": 0, "steps": 0, "lengths": {}})
         return {
             "prompt_tokens": self.prompt_tokens,
             "reused_tokens": self.reused_tokens,
@@ -95,6 +97,7 @@ class Stats:
             "seconds": round(self.seconds, 4),
             "tok_per_s": round(self.tok_per_s, 2),
             "target_passes": self.target_passes,
+            "undrafted_passes": self.target_passes - sum(s.steps for s in self.by_source.values()),
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance_rate": round(self.acceptance_rate, 4),

@@ -88,3 +88,19 @@ def test_draft_model_is_not_consulted_where_it_cannot_pay():
     assert not CostAwarePolicy(cpu).draft_model_can_pay()
     assert not CostAwarePolicy(cpu).consult_draft()
     assert CostAwarePolicy(GPU.copy()).draft_model_can_pay()
+
+
+def test_failing_proposals_are_retried_ever_more_rarely_and_success_resets():
+    policy = CostAwarePolicy(CPU.copy(), draft_max=15)
+    tries = []
+    for step in range(600):
+        k = policy.ngram_length(8, 3)
+        if k:
+            tries.append(step)
+            estimate = policy.ngram_estimate(3)
+            policy.observe(Draft([0] * k, None, "ngram", 3), 0, 0.107, [estimate] * k)
+    assert 3 <= len(tries) <= 10  # first tries, then after 8, 16, 32, ... declined proposals
+    gaps = [b - a for a, b in zip(tries, tries[1:])]
+    assert gaps == sorted(gaps)
+    policy.observe(Draft([0], None, "ngram", 3), 1, 0.057, [policy.ngram_estimate(3)])
+    assert policy.explore_every == 8
