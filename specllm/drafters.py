@@ -22,7 +22,7 @@ class Draft:
     tokens: list[int]
     q_draft: np.ndarray | None  # (len(tokens), V) warped draft probabilities; None means one-hot
     source: str  # "ngram" or "draft"
-    match_length: int = 0  # n-gram: the n that matched; draft model: 0
+    match_length: int = 0  # n-gram: how many tokens of context agree (the match's span); draft model: 0
 
 
 class Drafter(Protocol):
@@ -47,7 +47,7 @@ class NgramDrafter:
         proposal = self.cache.propose(max_tokens)
         if proposal is None or not proposal.tokens:
             return None
-        return Draft(proposal.tokens, None, self.source, proposal.match_length)
+        return Draft(proposal.tokens, None, self.source, proposal.span)
 
     def commit(self, history: list[int]) -> None:
         """Bring the index in line with the history (usually: append the newly committed tokens)."""

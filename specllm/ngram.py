@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SPAN_MAX = 32  # how far back a match is followed: a long agreeing run means the text is being copied
+
 
 @dataclass(frozen=True)
 class NgramProposal:
     tokens: list[int]
-    match_length: int  # n of the n-gram that matched (longer matches are more reliable)
+    match_length: int  # n of the n-gram that matched
+    span: int = 0  # how many tokens before the continuation agree with the history's tail (<= SPAN_MAX)
 
 
 class NgramCache:
@@ -54,5 +57,12 @@ class NgramCache:
             end = self._index.get(tuple(history[-n:]))
             if end is not None:
                 continuation = history[end + 1 : end + 1 + max_tokens]
-                return NgramProposal(continuation, n)
+                return NgramProposal(continuation, n, self._span(end, n))
         return None
+
+    def _span(self, end: int, n: int) -> int:
+        """Length of the agreement between the history's tail and the text ending at `end`."""
+        history, span = self.tokens, n
+        while span < SPAN_MAX and end - span >= 0 and history[end - span] == history[-span - 1]:
+            span += 1
+        return span

@@ -26,6 +26,7 @@ PRIOR_WEIGHT = 2.0
 THROUGHPUT_DECAY = 0.1  # weight of one step in the running throughput
 MAX_BACKOFF = 64
 EXPLORE_EVERY = 8
+COPY_PRIOR = {8: 0.9, 16: 0.95}  # prior acceptance by agreeing span (8-15, 16+): copying continues
 DRAFT_MARGIN = 1.1  # the draft model must promise 10% over plain decoding at full acceptance  # declined n-gram proposals before one token is tried anyway
 
 
@@ -80,23 +81,27 @@ class CostAwarePolicy:
 
     # -- n-gram ---------------------------------------------------------------------------
 
-    def ngram_estimate(self, match_length: int) -> Beta:
-        key = (match_length, self.last_full)
+    def ngram_estimate(self, span: int) -> Beta:
+        """The acceptance estimate for proposals whose context agrees over `span` tokens."""
+        bucket = _span_bucket(span)
+        key = (bucket, self.last_full)
         if key not in self.ngram:
-            # A kind of proposal not seen yet starts from how n-gram drafts have fared so far.
-            self.ngram[key] = Beta.prior(self.ngram_pool.mean)
+            # A kind of proposal not seen yet starts from how n-gram drafts have fared so far,
+            # or higher where a long agreeing run says the text is being copied.
+            self.ngram[key] = Beta.prior(max(self.ngram_pool.mean, COPY_PRIOR.get(bucket, 0.0)))
         return self.ngram[key]
 
-    def ngram_length(self, available: int, match_length: int) -> int:
+    def ngram_length(self, available: int, span: int) -> int:
         """Best number of proposed tokens to draft (0: not worth verifying).
 
         Where nothing pays, one token is still tried now and then (after EXPLORE_EVERY declined
         proposals, doubling while tries fail), so that text which starts repeating later, as an
         edit reaching the code it echoes does, is noticed.
         """
-        estimate = self.ngram_estimate(match_length)
-        # Long drafts are bets: grow them only as this kind of proposal proves itself (1, 3, 5, ...).
-        cap = 1 + 2 * int(max(0.0, estimate.accepted - estimate.prior_accepted))
+        estimate = self.ngram_estimate(span)
+        # Long drafts are bets: grow them only as this kind of proposal proves itself (1, 3, 5, ...),
+        # from half the agreeing span when that is longer.
+        cap = max(1 + 2 * int(max(0.0, estimate.accepted - estimate.prior_accepted)), span // 2)
         k = self.best_length([estimate.optimistic] * min(available, self.draft_max, cap), 0.0)
         if k == 0:
             self.skipped += 1
@@ -201,10 +206,10 @@ class AutoDrafter:
         self._keys = []  # the estimate behind each drafted token, updated when the outcome is known
         proposal = self.ngram.cache.propose(min(max_tokens, self.policy.draft_max))
         if proposal is not None and proposal.tokens:
-            k = self.policy.ngram_length(len(proposal.tokens), proposal.match_length)
+            k = self.policy.ngram_length(len(proposal.tokens), proposal.span)
             if k > 0:
-                self._keys = [self.policy.ngram_estimate(proposal.match_length)] * k
-                return Draft(proposal.tokens[:k], None, "ngram", proposal.match_length)
+                self._keys = [self.policy.ngram_estimate(proposal.span)] * k
+                return Draft(proposal.tokens[:k], None, "ngram", proposal.span)
         if self.model is not None and self.policy.consult_draft():
             return self._propose_from_model(history, min(max_tokens, self.policy.draft_max), params, rng)
         return None
@@ -237,3 +242,11 @@ class AutoDrafter:
         if draft.source == "draft" and draft.tokens:
             costs.observe_draft(draft_seconds / len(draft.tokens))
         self.policy.observe(draft, accepted, draft_seconds + verify_seconds, self._keys)
+
+
+def _span_bucket(span: int) -> int:
+    """Spans of 2, 3, 4, 5-7, 8-15 and 16+ tokens are learned apart."""
+    for edge in (16, 8, 5):
+        if span >= edge:
+            return edge
+    return span

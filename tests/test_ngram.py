@@ -47,3 +47,11 @@ def test_index_size_bounded_by_history():
     cache = NgramCache(2, 4)
     cache.extend([i % 50 for i in range(5000)])
     assert len(cache._index) <= 3 * len(cache)
+
+
+def test_span_follows_the_agreement_back_beyond_n_max():
+    cache = NgramCache(2, 4)
+    cache.extend([1, 2, 3, 4, 5, 6, 9, 0, 1, 2, 3, 4, 5, 6])
+    proposal = cache.propose(2)
+    assert proposal.tokens == [9, 0] and proposal.match_length == 4
+    assert proposal.span == 6  # "1 2 3 4 5 6" agrees, the token before differs (none / 0)

@@ -104,3 +104,10 @@ def test_failing_proposals_are_retried_ever_more_rarely_and_success_resets():
     assert gaps == sorted(gaps)
     policy.observe(Draft([0], None, "ngram", 3), 1, 0.057, [policy.ngram_estimate(3)])
     assert policy.explore_every == 8
+
+
+def test_a_long_agreeing_span_is_drafted_long_at_once_a_short_one_is_not():
+    """Copying shows as a long agreeing run: draft it long from the first proposal."""
+    policy = CostAwarePolicy(CPU.copy(), draft_max=15)
+    assert policy.ngram_length(15, 20) >= 8
+    assert policy.ngram_length(15, 2) <= 1
