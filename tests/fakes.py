@@ -51,3 +51,25 @@ class FakeBackend:
 
     def rewind(self, n_past: int) -> None:
         del self.kv[n_past:]
+
+
+class LogitsRecorder:
+    """Wraps a backend and keeps every logits row it returns, by absolute KV position.
+
+    A committed token's position is never evaluated again (the KV cache is only rewound to the
+    last committed token), so the last row kept for a position is the one that chose the token.
+    """
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.rows: dict[int, np.ndarray] = {}
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def evaluate(self, tokens, rows):
+        start = self.inner.n_past
+        out = self.inner.evaluate(tokens, rows)
+        for row, logits in zip(rows, out):
+            self.rows[start + row] = logits.copy()
+        return out

@@ -21,6 +21,7 @@ from specllm.backend import LoadOptions
 from specllm.decode import Done, StepDone, generate_plain
 from specllm.sampling import SamplingParams
 from specllm.session import Engine, ModelPaths, SpecConfig
+from tests.fakes import LogitsRecorder
 
 N_CTX = 2048
 GREEDY = SamplingParams(temperature=0.0)
@@ -90,25 +91,8 @@ def test_auto_until_the_context_is_full_keeps_memory_flat(engine, temperature):
         tracemalloc.stop()
 
 
-class _Recorder:
-    """Keeps the logits row each KV position last produced (the one that chose the next token)."""
-
-    def __init__(self, inner):
-        self.inner, self.rows = inner, {}
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def evaluate(self, tokens, rows):
-        start = self.inner.n_past
-        out = self.inner.evaluate(tokens, rows)
-        for row, logits in zip(rows, out):
-            self.rows[start + row] = logits
-        return out
-
-
 def _plain(engine: Engine, prompt: list[int], max_tokens: int):
-    recorder = _Recorder(engine.target)
+    recorder = LogitsRecorder(engine.target)
     return generate_plain(recorder, prompt, max_tokens, GREEDY, None), recorder.rows
 
 
@@ -125,7 +109,7 @@ def plain_runs(engine):
 def test_long_greedy_runs_equal_plain_decoding(engine, plain_runs, strategy):
     for name, (prompt, plain, plain_rows) in plain_runs.items():
         decoder = engine.decoder(strategy)
-        decoder.target = recorder = _Recorder(decoder.target)
+        decoder.target = recorder = LogitsRecorder(decoder.target)
         events = decoder.generate(prompt, LONG, GREEDY, np.random.default_rng(0))
         spec = next(e for e in events if isinstance(e, Done)).tokens
         assert len(spec) == LONG

@@ -24,6 +24,7 @@ from specllm.drafters import ChainDrafter, ModelDrafter, NgramDrafter
 from specllm.errors import SpecllmError
 from specllm.sampling import SamplingParams, warp
 from specllm.session import Engine, ModelPaths, SpecConfig
+from tests.fakes import LogitsRecorder
 from tests.stat_helpers import chi_square_pvalue
 from tests.tiny_gguf import write_tiny_gguf
 
@@ -151,30 +152,8 @@ def qwen_engine(qwen_pair):
     engine.close()
 
 
-class _Recorder:
-    """Wraps a backend and keeps every logits row it returns, by absolute KV position.
-
-    A committed token's position is never evaluated again (the KV cache is only rewound to the
-    last committed token), so the last row kept for a position is the one that chose the token.
-    """
-
-    def __init__(self, inner: LlamaBackend):
-        self.inner = inner
-        self.rows: dict[int, np.ndarray] = {}
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def evaluate(self, tokens, rows):
-        start = self.inner.n_past
-        out = self.inner.evaluate(tokens, rows)
-        for row, logits in zip(rows, out):
-            self.rows[start + row] = logits.copy()
-        return out
-
-
 def _plain(target: LlamaBackend, prompt: list[int], max_tokens: int) -> tuple[list[int], dict[int, np.ndarray]]:
-    recorder = _Recorder(target)
+    recorder = LogitsRecorder(target)
     return generate_plain(recorder, prompt, max_tokens, GREEDY, None), recorder.rows
 
 
@@ -193,7 +172,7 @@ def test_greedy_speculation_equals_plain_decoding(qwen_engine, plain_outputs, na
         plain_outputs[name] = (prompt, *_plain(target, prompt, MAX_TOKENS))
     prompt, plain, plain_rows = plain_outputs[name]
     decoder = qwen_engine.decoder(strategy)
-    decoder.target = recorder = _Recorder(decoder.target)
+    decoder.target = recorder = LogitsRecorder(decoder.target)
     events = decoder.generate(prompt, MAX_TOKENS, GREEDY, np.random.default_rng(0))
     spec = next(e for e in events if isinstance(e, Done)).tokens
     _check_greedy_path(target, prompt, spec, recorder.rows, plain, plain_rows, strategy)
