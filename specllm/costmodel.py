@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,6 @@ LEARNING_RATE = 0.1  # weight of one observed step in the running estimate
 class CostModel:
     batch_seconds: dict[int, float]  # measured seconds for a target batch of k tokens
     draft_seconds: float = 0.0  # one draft-model step (one token)
-    observed: dict[int, int] = field(default_factory=dict)
 
     def verify(self, k: int) -> float:
         """Seconds for one target pass over k tokens (interpolated between measured sizes)."""
@@ -45,7 +44,6 @@ class CostModel:
         """Fold a real step's timing into the estimate for its batch size."""
         if k in self.batch_seconds:
             self.batch_seconds[k] += LEARNING_RATE * (seconds - self.batch_seconds[k])
-            self.observed[k] = self.observed.get(k, 0) + 1
 
     def observe_draft(self, seconds_per_token: float) -> None:
         self.draft_seconds += LEARNING_RATE * (seconds_per_token - self.draft_seconds)

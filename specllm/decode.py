@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from specllm.backend import Backend
-from specllm.drafters import Draft, Drafter, _common_prefix
+from specllm.drafters import Draft, Drafter, common_prefix
 from specllm.errors import SpecllmError
 from specllm.sampling import SamplingParams, argmax, sample, warp
 from specllm.verify import verify
@@ -148,7 +148,7 @@ class Decoder:
     def _prefill(self, prompt: list[int]) -> PrefillDone:
         """Make the target's KV cache hold prompt[:-1], reusing what it already holds."""
         started = time.perf_counter()
-        reused = _common_prefix(self.history[:-1], prompt[:-1]) if self.history else 0
+        reused = common_prefix(self.history[:-1], prompt[:-1]) if self.history else 0
         reused = min(reused, self.target.n_past)
         self.target.rewind(reused)
         if len(prompt) - 1 > reused:

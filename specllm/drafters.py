@@ -54,7 +54,7 @@ class NgramDrafter:
         known = self.cache.tokens
         n = len(known)
         if n > len(history) or (n and known[n - 1] != history[n - 1]):
-            n = _common_prefix(known, history)
+            n = common_prefix(known, history)
             self.cache.truncate(n)
         self.cache.extend(history[n:])
 
@@ -106,7 +106,7 @@ class ModelDrafter:
 
     def commit(self, history: list[int]) -> None:
         """Drop KV entries that the committed history contradicts (rejected drafts)."""
-        keep = _common_prefix(self.kv_tokens, history)
+        keep = common_prefix(self.kv_tokens, history)
         if keep < len(self.kv_tokens):
             self.model.rewind(keep)
             del self.kv_tokens[keep:]
@@ -152,12 +152,13 @@ class ChainDrafter:
             drafter.commit(history)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix. Runs every step on whole histories, so the usual
+    case (one is a prefix of the other) is settled by one C-level list comparison."""
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    if a[:n] == b[:n]:
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
 
 
 def _max_softmax(logits: np.ndarray) -> float:
