@@ -18,6 +18,8 @@ class NgramProposal:
     tokens: list[int]
     match_length: int  # n of the n-gram that matched
     span: int = 0  # how many tokens before the continuation agree with the history's tail (<= SPAN_MAX)
+    seen: int = 1  # earlier occurrences of the matched n-gram
+    consistent: bool = True  # every earlier occurrence was followed by the same token
 
 
 class NgramCache:
@@ -26,7 +28,8 @@ class NgramCache:
             raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}, {n_max}")
         self.n_min, self.n_max = n_min, n_max
         self.tokens: list[int] = []
-        self._index: dict[tuple[int, ...], int] = {}  # n-gram -> end position of its latest earlier occurrence
+        # n-gram -> [end position of its latest earlier occurrence, occurrences, always the same next token]
+        self._index: dict[tuple[int, ...], list] = {}
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -36,8 +39,16 @@ class NgramCache:
             self.tokens.append(int(token))
             # The n-grams ending at the previous position now have a continuation: index them.
             end = len(self.tokens) - 2
+            following = self.tokens[-1]
             for n in range(self.n_min, min(self.n_max, end + 1) + 1):
-                self._index[tuple(self.tokens[end - n + 1 : end + 1])] = end
+                key = tuple(self.tokens[end - n + 1 : end + 1])
+                entry = self._index.get(key)
+                if entry is None:
+                    self._index[key] = [end, 1, True]
+                else:
+                    entry[2] = entry[2] and self.tokens[entry[0] + 1] == following
+                    entry[0] = end
+                    entry[1] += 1
 
     def truncate(self, length: int) -> None:
         """Forget everything after `length` tokens (a new conversation, an edited history)."""
@@ -54,10 +65,11 @@ class NgramCache:
         if max_tokens <= 0:
             return None
         for n in range(min(self.n_max, len(history)), self.n_min - 1, -1):
-            end = self._index.get(tuple(history[-n:]))
-            if end is not None:
+            entry = self._index.get(tuple(history[-n:]))
+            if entry is not None:
+                end, seen, consistent = entry
                 continuation = history[end + 1 : end + 1 + max_tokens]
-                return NgramProposal(continuation, n, self._span(end, n))
+                return NgramProposal(continuation, n, self._span(end, n), seen, consistent)
         return None
 
     def _span(self, end: int, n: int) -> int:

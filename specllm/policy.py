@@ -4,9 +4,12 @@ The rule: a drafted token is worth its cost when the tokens it is expected to ad
 what the time it costs would earn at the running throughput R (tokens per second). So at
 each step we maximise  E[committed] - R * E[seconds]  using
   - the cost model: target pass time for a batch of k tokens, draft-model step time;
-  - acceptance estimates learned during this generation: for n-gram proposals by match
-    length and by whether the previous proposal was fully accepted, for the draft model by
-    its own confidence. Beta priors keep early estimates sane.
+  - acceptance estimates learned during this generation. An n-gram proposal's first token
+    is judged by the kind of match (an n-gram seen once before, or several times always
+    followed by the same token, or by different ones), how far the context agrees with it,
+    and whether the previous draft was fully accepted; each further token by how drafted
+    tokens after an accepted one have fared. The draft model's tokens are judged by its own
+    confidence. Beta priors keep early estimates sane.
 With flat verification costs (a GPU) this drafts long; with steep costs and poor acceptance
 it stops drafting; it consults the draft model only while that has been paying.
 """
@@ -20,14 +23,24 @@ import numpy as np
 
 from specllm.costmodel import CostModel
 from specllm.drafters import Draft, ModelDrafter, NgramDrafter
+from specllm.ngram import NgramProposal
 
-CONFIDENCE_EDGES = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.01)
 PRIOR_WEIGHT = 2.0
 THROUGHPUT_DECAY = 0.1  # weight of one step in the running throughput
+# Priors of n-gram acceptance. A first token: from the generation's record so far (starting at
+# FIRST_PRIOR), raised for long agreeing spans (8-15, 16+ tokens: the text is being copied),
+# low for an n-gram that was followed by different tokens before.
+FIRST_PRIOR = 0.5
+COPY_PRIOR = {8: 0.9, 16: 0.95}
+MIXED_PRIOR = 0.25
+# A further token after an accepted one: copies of unique text run on, common phrases soon end.
+CONTINUATION_PRIOR = {"unique": 0.9, "repeated": 0.6}
+# Long drafts are bets: at most 1 + CAP_GROWTH * (n-gram tokens accepted so far in this
+# generation), or half the agreeing span when that is longer.
+CAP_GROWTH = 2
+CONFIDENCE_EDGES = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.01)
 MAX_BACKOFF = 64
-EXPLORE_EVERY = 8
-COPY_PRIOR = {8: 0.9, 16: 0.95}  # prior acceptance by agreeing span (8-15, 16+): copying continues
-DRAFT_MARGIN = 1.1  # the draft model must promise 10% over plain decoding at full acceptance  # declined n-gram proposals before one token is tried anyway
+DRAFT_MARGIN = 1.1  # the draft model must promise 10% over plain decoding at full acceptance
 
 
 @dataclass
@@ -37,22 +50,13 @@ class Beta:
     accepted: float
     rejected: float
 
-    prior_accepted: float = 0.0
-
     @classmethod
     def prior(cls, mean: float) -> "Beta":
-        return cls(mean * PRIOR_WEIGHT, (1 - mean) * PRIOR_WEIGHT, mean * PRIOR_WEIGHT)
+        return cls(mean * PRIOR_WEIGHT, (1 - mean) * PRIOR_WEIGHT)
 
     @property
     def mean(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
-
-    @property
-    def optimistic(self) -> float:
-        """Mean plus half a standard deviation: promising kinds of draft get tried, tried ones settle."""
-        a, b = self.accepted, self.rejected
-        std = (a * b / ((a + b) ** 2 * (a + b + 1))) ** 0.5
-        return min(0.99, self.mean + 0.5 * std)
 
     def observe(self, accepted: int, rejected: bool) -> None:
         self.accepted += accepted
@@ -66,12 +70,12 @@ class CostAwarePolicy:
         self.costs = costs
         self.draft_max = min(draft_max, max(costs.batch_seconds) - 1)  # stay within the measured curve
         self.throughput = 1.0 / costs.verify(1)  # R: start from plain decoding's speed
-        self.ngram: dict[tuple[int, bool], Beta] = {}
-        self.ngram_pool = Beta.prior(0.75)  # every n-gram outcome: the prior of kinds not seen yet
-        self.skipped = 0  # proposals declined since the last n-gram draft
-        self.explore_every = EXPLORE_EVERY
-        self.confidence = [Beta.prior(min(0.95, (lo + hi) / 2)) for lo, hi in zip(CONFIDENCE_EDGES, CONFIDENCE_EDGES[1:])]
+        self.first: dict[tuple[str, int, bool], Beta] = {}  # by (kind, span bucket, last_full)
+        self.first_pool = Beta.prior(FIRST_PRIOR)  # every first token: the prior of kinds not seen yet
+        self.continuation = {kind: Beta.prior(mean) for kind, mean in CONTINUATION_PRIOR.items()}
+        self.ngram_accepted = 0  # n-gram tokens accepted in this generation: how long a draft may be
         self.last_full = True  # was the previous draft fully accepted?
+        self.confidence = [Beta.prior(min(0.95, (lo + hi) / 2)) for lo, hi in zip(CONFIDENCE_EDGES, CONFIDENCE_EDGES[1:])]
         self.draft_gain = 0.0  # running advantage of consulting the draft model, in tokens per step
         self.skip_draft = 0  # steps left before the draft model is consulted again
         self.backoff = 1
@@ -81,35 +85,24 @@ class CostAwarePolicy:
 
     # -- n-gram ---------------------------------------------------------------------------
 
-    def ngram_estimate(self, span: int) -> Beta:
-        """The acceptance estimate for proposals whose context agrees over `span` tokens."""
-        bucket = _span_bucket(span)
-        key = (bucket, self.last_full)
-        if key not in self.ngram:
-            # A kind of proposal not seen yet starts from how n-gram drafts have fared so far,
-            # or higher where a long agreeing run says the text is being copied.
-            self.ngram[key] = Beta.prior(max(self.ngram_pool.mean, COPY_PRIOR.get(bucket, 0.0)))
-        return self.ngram[key]
+    def ngram_keys(self, proposal: NgramProposal, k: int) -> list[Beta]:
+        """The estimate behind each of k drafted tokens: the first token's, then the continuation's."""
+        kind = _kind(proposal)
+        first_key = (kind, _span_bucket(proposal.span), self.last_full)
+        if first_key not in self.first:
+            if kind == "mixed":
+                prior = MIXED_PRIOR
+            else:
+                prior = max(self.first_pool.mean, COPY_PRIOR.get(first_key[1], 0.0))
+            self.first[first_key] = Beta.prior(prior)
+        continuation = self.continuation["unique" if kind == "unique" else "repeated"]
+        return [self.first[first_key]] + [continuation] * (k - 1)
 
-    def ngram_length(self, available: int, span: int) -> int:
-        """Best number of proposed tokens to draft (0: not worth verifying).
-
-        Where nothing pays, one token is still tried now and then (after EXPLORE_EVERY declined
-        proposals, doubling while tries fail), so that text which starts repeating later, as an
-        edit reaching the code it echoes does, is noticed.
-        """
-        estimate = self.ngram_estimate(span)
-        # Long drafts are bets: grow them only as this kind of proposal proves itself (1, 3, 5, ...),
-        # from half the agreeing span when that is longer.
-        cap = max(1 + 2 * int(max(0.0, estimate.accepted - estimate.prior_accepted)), span // 2)
-        k = self.best_length([estimate.optimistic] * min(available, self.draft_max, cap), 0.0)
-        if k == 0:
-            self.skipped += 1
-            if self.skipped >= self.explore_every:
-                k = 1
-        if k > 0:
-            self.skipped = 0
-        return k
+    def ngram_length(self, proposal: NgramProposal) -> int:
+        """Best number of the proposal's tokens to draft (0: not worth verifying)."""
+        cap = max(1 + CAP_GROWTH * self.ngram_accepted, proposal.span // 2)
+        n = min(len(proposal.tokens), self.draft_max, cap)
+        return self.best_length([estimate.mean for estimate in self.ngram_keys(proposal, n)], 0.0)
 
     def best_length(self, acceptance: list[float], draft_seconds: float) -> int:
         """argmax over k of E[committed | k drafted] - R * (time of verifying k+1 tokens)."""
@@ -174,8 +167,8 @@ class CostAwarePolicy:
         if drafted:
             self.last_full = accepted == drafted
         if draft.source == "ngram":
-            self.ngram_pool.observe(accepted, accepted < drafted)
-            self.explore_every = EXPLORE_EVERY if accepted else min(self.explore_every * 2, 1024)
+            self.first_pool.observe(accepted > 0, accepted == 0)
+            self.ngram_accepted += accepted
         committed = accepted + 1
         plain_rate = 1.0 / self.costs.verify(1)
         if seconds > 0:
@@ -206,9 +199,9 @@ class AutoDrafter:
         self._keys = []  # the estimate behind each drafted token, updated when the outcome is known
         proposal = self.ngram.cache.propose(min(max_tokens, self.policy.draft_max))
         if proposal is not None and proposal.tokens:
-            k = self.policy.ngram_length(len(proposal.tokens), proposal.span)
+            k = self.policy.ngram_length(proposal)
             if k > 0:
-                self._keys = [self.policy.ngram_estimate(proposal.span)] * k
+                self._keys = self.policy.ngram_keys(proposal, k)
                 return Draft(proposal.tokens[:k], None, "ngram", proposal.span)
         if self.model is not None and self.policy.consult_draft():
             return self._propose_from_model(history, min(max_tokens, self.policy.draft_max), params, rng)
@@ -219,9 +212,9 @@ class AutoDrafter:
 
         def keep_going(confidence: float) -> bool:
             estimate = self.policy.confidence_estimate(confidence)
-            if not self.policy.worth_drafting_more(acceptance, estimate.optimistic):
+            if not self.policy.worth_drafting_more(acceptance, estimate.mean):
                 return False
-            acceptance.append(estimate.optimistic)
+            acceptance.append(estimate.mean)
             self._keys.append(estimate)
             return True
 
@@ -250,3 +243,10 @@ def _span_bucket(span: int) -> int:
         if span >= edge:
             return edge
     return span
+
+
+def _kind(proposal: NgramProposal) -> str:
+    """unique: the n-gram occurred once before; agreed: every occurrence had the same next token; mixed."""
+    if proposal.seen == 1:
+        return "unique"
+    return "agreed" if proposal.consistent else "mixed"

@@ -12,7 +12,7 @@ from pathlib import Path
 from specllm import ggufinfo
 from specllm.backend import LlamaBackend, LoadOptions, system_info
 from specllm.chat import encode_messages, encode_raw
-from specllm.costmodel import CostModel, load_costs, measure_costs, save_costs
+from specllm.costmodel import CALIBRATION_DEPTH, CostModel, load_costs, measure_costs, save_costs
 from specllm.decode import Decoder, fixed_budget
 from specllm.drafters import ChainDrafter, ModelDrafter, NgramDrafter
 from specllm.errors import SpecllmError, UsageError
@@ -21,13 +21,13 @@ from specllm.policy import AutoDrafter, CostAwarePolicy
 STRATEGIES = ("auto", "off", "ngram", "draft", "ngram+draft")
 VOCAB_SIZE_TOLERANCE = 128  # as llama.cpp's speculative example allows
 VOCAB_CHECK_START = 5
-AUTO_MAX_BATCH = 16  # auto drafts up to AUTO_MAX_BATCH - 1 tokens: the calibrated range  # ids below this are control tokens that families renumber freely
+AUTO_MAX_BATCH = 32  # auto drafts up to AUTO_MAX_BATCH - 1 tokens: the calibrated range
 
 
 @dataclass(frozen=True)
 class SpecConfig:
     strategy: str = "auto"
-    draft_max: int = 8  # for the fixed strategies; auto sizes drafts itself, up to AUTO_DRAFT_MAX
+    draft_max: int = 8  # for the fixed strategies; auto sizes drafts itself, up to AUTO_MAX_BATCH - 1
     draft_p_min: float = 0.6
     ngram_min: int = 2
     ngram_max: int = 4
@@ -94,6 +94,7 @@ class Engine:
 
     def costs(self, max_batch: int = AUTO_MAX_BATCH) -> CostModel:
         """This machine's cost curve for these models: from the cost cache when it matches, else measured."""
+        max_batch = min(max_batch, self.target.n_ctx)
         if self._costs is None or max(self._costs.batch_seconds) < max_batch:
             key = self._cost_key(max_batch)
             self._costs = load_costs(self.cost_cache, key)
@@ -105,7 +106,7 @@ class Engine:
     def _cost_key(self, max_batch: int) -> str:
         parts = [self.target_info, self.draft_info]
         files = [f"{info.path.name}:{info.size}:{info.path.stat().st_mtime_ns}" for info in parts if info is not None]
-        return "|".join(files + [f"threads={self.target.n_threads}", f"ngl={self.target.n_gpu_layers}", f"max={max_batch}", system_info()])
+        return "|".join(files + [f"threads={self.target.n_threads}", f"ngl={self.target.n_gpu_layers}", f"max={max_batch}", f"depth={CALIBRATION_DEPTH}", system_info()])
 
     def decoder(self, strategy: str | None = None) -> Decoder:
         """A fresh decoder (empty history, KV caches cleared) for a strategy."""

@@ -55,3 +55,20 @@ def test_span_follows_the_agreement_back_beyond_n_max():
     proposal = cache.propose(2)
     assert proposal.tokens == [9, 0] and proposal.match_length == 4
     assert proposal.span == 6  # "1 2 3 4 5 6" agrees, the token before differs (none / 0)
+
+
+def test_proposal_says_how_often_the_ngram_occurred_and_whether_its_followers_agreed():
+    cache = NgramCache(2, 2)
+    cache.extend([1, 2, 7])
+    cache.extend([1, 2])
+    first = cache.propose(1)
+    assert (first.tokens, first.seen, first.consistent) == ([7], 1, True)
+    cache.extend([7, 5, 1, 2])  # "1 2" followed by 7 again
+    agreed = cache.propose(1)
+    assert (agreed.tokens, agreed.seen, agreed.consistent) == ([7], 2, True)
+    cache.extend([8, 1, 2])  # now followed by 8 once
+    mixed = cache.propose(1)
+    assert (mixed.tokens, mixed.seen, mixed.consistent) == ([8], 3, False)
+    cache.truncate(6)  # back to [1, 2, 7, 1, 2, 7]: the rebuilt index forgets the 8
+    cache.extend([1, 2])
+    assert cache.propose(1).consistent

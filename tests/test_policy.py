@@ -5,6 +5,7 @@ import numpy as np
 from specllm.costmodel import CostModel
 from specllm.decode import Decoder, generate_plain
 from specllm.drafters import Draft, ModelDrafter, NgramDrafter
+from specllm.ngram import NgramProposal
 from specllm.policy import AutoDrafter, CostAwarePolicy
 from specllm.sampling import SamplingParams
 from tests.fakes import FakeBackend
@@ -14,22 +15,26 @@ GPU = CostModel({k: 0.010 + 0.0001 * k for k in (1, 2, 4, 8, 16, 32)}, draft_sec
 CPU = CostModel({1: 0.073, 2: 0.107, 3: 0.13, 4: 0.122, 5: 0.153, 8: 0.226, 16: 0.27}, draft_seconds=0.034)
 
 
-def _feed(policy, source, drafted, accepted, seconds, match_length=4, rounds=1):
+def _proposal(span: int, seen: int = 1, consistent: bool = True, available: int = 31) -> NgramProposal:
+    return NgramProposal(list(range(available)), min(span, 4), span, seen, consistent)
+
+
+def _feed(policy, source, drafted, accepted, seconds, span=4, rounds=1):
     for _ in range(rounds):
-        estimate = policy.ngram_estimate(match_length)
-        policy.observe(Draft([0] * drafted, None, source, match_length), accepted, seconds, [estimate] * drafted)
+        keys = policy.ngram_keys(_proposal(span), drafted)
+        policy.observe(Draft([0] * drafted, None, source, span), accepted, seconds, keys)
 
 
 def test_flat_verification_cost_drafts_long():
     policy = CostAwarePolicy(GPU.copy(), draft_max=31)
     _feed(policy, "ngram", 8, 6, 0.011, rounds=5)
-    assert policy.ngram_length(31, 4) >= 16
+    assert policy.ngram_length(_proposal(4)) >= 16
 
 
 def test_steep_cost_and_poor_acceptance_stop_drafting():
     policy = CostAwarePolicy(CPU.copy(), draft_max=15)
     _feed(policy, "ngram", 2, 0, 0.107, rounds=6)
-    assert policy.ngram_length(15, 4) == 0
+    assert policy.ngram_length(_proposal(4)) == 0
 
 
 def test_cheap_batch_size_is_exploited():
@@ -43,14 +48,14 @@ def test_cheap_batch_size_is_exploited():
 
 
 def test_recovers_when_acceptance_returns():
+    """After failures, short matches are declined, but a copy in progress (a long agreeing span)
+    is still drafted; once copies are accepted, short matches are drafted again."""
     policy = CostAwarePolicy(CPU.copy(), draft_max=15)
     _feed(policy, "ngram", 2, 0, 0.107, rounds=6)
-    assert policy.ngram_length(15, 4) == 0
-    policy.last_full = True
-    for _ in range(4):  # the "after a full accept" estimate learns independently and quickly
-        estimate = policy.ngram_estimate(4)
-        estimate.observe(8, False)
-    assert policy.ngram_length(15, 4) > 0
+    assert policy.ngram_length(_proposal(4)) == 0
+    assert policy.ngram_length(_proposal(20)) > 0
+    _feed(policy, "ngram", 8, 8, 0.226, span=20, rounds=4)
+    assert policy.ngram_length(_proposal(4)) > 0
 
 
 def test_draft_model_backs_off_when_it_does_not_pay_and_retries_later():
@@ -90,24 +95,24 @@ def test_draft_model_is_not_consulted_where_it_cannot_pay():
     assert CostAwarePolicy(GPU.copy()).draft_model_can_pay()
 
 
-def test_failing_proposals_are_retried_ever_more_rarely_and_success_resets():
+def test_long_drafts_grow_with_accepted_tokens():
+    """On a flat curve a fresh policy still bets little on a short match; accepted tokens raise the cap."""
+    policy = CostAwarePolicy(GPU.copy(), draft_max=31)
+    assert policy.ngram_length(_proposal(2)) == 1
+    _feed(policy, "ngram", 1, 1, 0.011, span=2, rounds=3)
+    assert policy.ngram_length(_proposal(2)) == 7
+
+
+def test_an_ngram_followed_by_different_tokens_is_trusted_less():
+    """A match whose n-gram was followed by different tokens before is drafted less than a unique one."""
     policy = CostAwarePolicy(CPU.copy(), draft_max=15)
-    tries = []
-    for step in range(600):
-        k = policy.ngram_length(8, 3)
-        if k:
-            tries.append(step)
-            estimate = policy.ngram_estimate(3)
-            policy.observe(Draft([0] * k, None, "ngram", 3), 0, 0.107, [estimate] * k)
-    assert 3 <= len(tries) <= 10  # first tries, then after 8, 16, 32, ... declined proposals
-    gaps = [b - a for a, b in zip(tries, tries[1:])]
-    assert gaps == sorted(gaps)
-    policy.observe(Draft([0], None, "ngram", 3), 1, 0.057, [policy.ngram_estimate(3)])
-    assert policy.explore_every == 8
+    _feed(policy, "ngram", 3, 3, 0.122, span=6, rounds=3)
+    assert policy.ngram_length(_proposal(6)) > 0
+    assert policy.ngram_length(_proposal(6, seen=3, consistent=False)) == 0
 
 
 def test_a_long_agreeing_span_is_drafted_long_at_once_a_short_one_is_not():
     """Copying shows as a long agreeing run: draft it long from the first proposal."""
     policy = CostAwarePolicy(CPU.copy(), draft_max=15)
-    assert policy.ngram_length(15, 20) >= 8
-    assert policy.ngram_length(15, 2) <= 1
+    assert policy.ngram_length(_proposal(20, available=15)) >= 8
+    assert policy.ngram_length(_proposal(2, available=15)) <= 1
