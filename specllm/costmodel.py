@@ -63,7 +63,9 @@ class CostModel:
         return cls({int(k): float(v) for k, v in data["batch_seconds"].items()}, float(data.get("draft_seconds", 0.0)))
 
 
+SMALL_BATCH_REPEATS = 8  # a batch of k is timed max(1, 8 // k) times a round
 CALIBRATION_DEPTH = 256  # tokens already in the KV cache when timing: a typical prompt's length
+CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},median"  # part of the cache key: a new method measures again
 
 
 def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBRATION_DEPTH, repeats: int = 2) -> CostModel:
@@ -74,30 +76,35 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
     tokens at depth 64, 1.66 at depth 252), so timing at an empty cache overstates batches.
 
     Sizes are timed in rounds, the first one untimed (llama.cpp sizes its compute graph on
-    first use), and the fastest round counts: a noisy neighbour only ever adds time. A batch
-    is then held between one token's cost and k times it, which the hardware guarantees.
+    first use); small batches are cheap and noisy, so they are timed several times a round.
+    Each size costs the median of its timings (one token's cost is the denominator of every
+    ratio, and the fastest of a few is too lucky). A batch is then held between one token's
+    cost and k times it, which the hardware guarantees.
     """
     max_batch = min(max_batch, target.n_ctx)
     sizes = [k for k in BATCH_SIZES if k <= max_batch]
     filler = _filler_tokens(target, min(context, target.n_ctx - max(sizes)))
     batch = _filler_tokens(target, max(sizes))
-    best = {k: float("inf") for k in sizes}
-    draft_best = float("inf")
+    timings: dict[int, list[float]] = {k: [] for k in sizes}
+    draft_timings: list[float] = []
     for round_ in range(repeats + 1):
         for k in sizes:
-            elapsed = _time_batch(target, filler, batch[:k])
-            if round_:
-                best[k] = min(best[k], elapsed)
+            for _ in range(max(1, SMALL_BATCH_REPEATS // k)):
+                elapsed = _time_batch(target, filler, batch[:k])
+                if round_:
+                    timings[k].append(elapsed)
         if draft is not None:
-            elapsed = _time_batch(draft, filler, batch[:1])
-            if round_:
-                draft_best = min(draft_best, elapsed)
+            for _ in range(SMALL_BATCH_REPEATS):
+                elapsed = _time_batch(draft, filler, batch[:1])
+                if round_:
+                    draft_timings.append(elapsed)
     target.rewind(0)
     if draft is not None:
         draft.rewind(0)
+    best = {k: float(np.median(t)) for k, t in timings.items()}
     one = best[1]
     batch_seconds = {k: min(max(s, one), k * one) for k, s in best.items()}
-    return CostModel(batch_seconds, draft_best if draft is not None else 0.0)
+    return CostModel(batch_seconds, float(np.median(draft_timings)) if draft is not None else 0.0)
 
 
 def _filler_tokens(backend, n: int) -> list[int]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from specllm import ggufinfo
 from specllm.backend import LlamaBackend, LoadOptions, system_info
 from specllm.chat import encode_messages, encode_raw
-from specllm.costmodel import CALIBRATION_DEPTH, CostModel, load_costs, measure_costs, save_costs
+from specllm.costmodel import CALIBRATION_METHOD, CostModel, load_costs, measure_costs, save_costs
 from specllm.decode import Decoder, fixed_budget
 from specllm.drafters import ChainDrafter, ModelDrafter, NgramDrafter
 from specllm.errors import SpecllmError, UsageError
@@ -106,7 +106,7 @@ class Engine:
     def _cost_key(self, max_batch: int) -> str:
         parts = [self.target_info, self.draft_info]
         files = [f"{info.path.name}:{info.size}:{info.path.stat().st_mtime_ns}" for info in parts if info is not None]
-        return "|".join(files + [f"threads={self.target.n_threads}", f"ngl={self.target.n_gpu_layers}", f"max={max_batch}", f"depth={CALIBRATION_DEPTH}", system_info()])
+        return "|".join(files + [f"threads={self.target.n_threads}", f"ngl={self.target.n_gpu_layers}", f"max={max_batch}", CALIBRATION_METHOD, system_info()])
 
     def decoder(self, strategy: str | None = None) -> Decoder:
         """A fresh decoder (empty history, KV caches cleared) for a strategy."""
