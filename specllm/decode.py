@@ -115,7 +115,7 @@ class Decoder:
             started = time.perf_counter()
             verdict = self._verify(draft, params, rng)
             verify_seconds = time.perf_counter() - started
-            if hasattr(self.drafter, "feedback"):
+            if self.drafter is not None:
                 self.drafter.feedback(draft, verdict.accepted, draft_seconds, verify_seconds)
             new = draft.tokens[: verdict.accepted] + [verdict.token]
             sources = [draft.source] * verdict.accepted + ["target"]

@@ -31,7 +31,7 @@ class Drafter(Protocol):
     def commit(self, history: list[int]) -> None: ...
 
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        """How the last step fared (for drafters that learn; `draft` may be empty); optional."""
+        """How the last step fared (`draft` may be empty); drafters that do not learn ignore it."""
 
 
 class NgramDrafter:
@@ -57,6 +57,9 @@ class NgramDrafter:
             n = common_prefix(known, history)
             self.cache.truncate(n)
         self.cache.extend(history[n:])
+
+    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        pass  # fixed drafters do not learn
 
 
 class ModelDrafter:
@@ -111,6 +114,9 @@ class ModelDrafter:
             self.model.rewind(keep)
             del self.kv_tokens[keep:]
 
+    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        pass  # p-min decides alone; `auto` learns from the outcomes instead
+
     def _catch_up(self, history: list[int]) -> np.ndarray:
         """Feed the draft model every committed token it has not seen; return its next-token logits."""
         self.commit(history)
@@ -150,6 +156,9 @@ class ChainDrafter:
     def commit(self, history: list[int]) -> None:
         for drafter in self.drafters:
             drafter.commit(history)
+
+    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        pass  # fixed drafters do not learn
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -9,7 +9,6 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
-from specllm.chat import encode_messages, encode_raw
 from specllm.cli import app
 from specllm.cli import common as c
 from specllm.cli.display import LiveStatus, TokenWriter, summary_text, use_colour
@@ -53,11 +52,7 @@ def run(
     colour = use_colour(color, sys.stdout) and not as_json
     text = c.read_prompt(prompt)
     engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft)
-    if raw:
-        tokens = encode_raw(engine.target, (system + "\n\n" if system else "") + text)
-    else:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        tokens = encode_messages(engine.target, messages)
+    tokens = engine.encode(text, system, raw)
     stats, done = Stats(), None
     writer = TokenWriter(colour=colour)
     live_enabled = sys.stderr.isatty() and not quiet and not verbose
