@@ -103,6 +103,13 @@ class Engine:
                 save_costs(self.cost_cache, key, self._costs)
         return self._costs
 
+    def costs_known(self, max_batch: int = AUTO_MAX_BATCH) -> bool:
+        """Whether `costs` can answer without measuring (it is cached for this machine and these models)."""
+        max_batch = min(max_batch, self.target.n_ctx)
+        if self._costs is not None and max(self._costs.batch_seconds) >= max_batch:
+            return True
+        return load_costs(self.cost_cache, self._cost_key(max_batch)) is not None
+
     def _cost_key(self, max_batch: int) -> str:
         parts = [self.target_info, self.draft_info]
         files = [f"{info.path.name}:{info.size}:{info.path.stat().st_mtime_ns}" for info in parts if info is not None]

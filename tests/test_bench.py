@@ -125,6 +125,32 @@ def test_calibration_on_a_real_backend_is_sane_and_leaves_caches_empty(tiny_pair
     target.close()
 
 
+def test_calibration_fits_a_context_smaller_than_its_depth_and_batches(tiny_pair):
+    from specllm.backend import LlamaBackend, LoadOptions
+
+    target = LlamaBackend(tiny_pair[0], LoadOptions(n_ctx=16, n_threads=2))
+    costs = measure_costs(target, None, max_batch=32, repeats=1)
+    assert max(costs.batch_seconds) <= target.n_ctx and target.n_past == 0
+    target.close()
+
+
+def test_engine_measures_costs_once_and_caches_them(tmp_path, tiny_pair):
+    from specllm.backend import LoadOptions
+    from specllm.session import Engine, ModelPaths, SpecConfig
+
+    options = LoadOptions(n_ctx=256, n_threads=2)
+    cache = tmp_path / "costs.json"
+    engine = Engine(ModelPaths(*tiny_pair), SpecConfig("auto"), options, options, cost_cache=cache)
+    assert not engine.costs_known()
+    measured = engine.costs()
+    assert engine.costs_known() and cache.is_file()
+    engine.close()
+    again = Engine(ModelPaths(*tiny_pair), SpecConfig("auto"), options, options, cost_cache=cache)
+    assert again.costs_known()
+    assert again.costs().batch_seconds == measured.batch_seconds  # loaded, not measured again
+    again.close()
+
+
 def test_bench_cli_short_real_run_writes_the_json_schema(tmp_path, smollm2_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(

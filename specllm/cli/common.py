@@ -75,7 +75,12 @@ def open_engine(
             draft_path = registry.resolve_model(draft_name, reg, progress=download_progress(), warn=warn)
     options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers)
     draft_options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers_draft)
-    return Engine(ModelPaths(target_path, draft_path), spec, options, draft_options, registry.cache_dir() / "costs.json")
+    engine = Engine(ModelPaths(target_path, draft_path), spec, options, draft_options, registry.cache_dir() / "costs.json")
+    if spec.strategy == "auto" and not engine.costs_known():
+        if sys.stderr.isatty():
+            stderr.print("measuring what a target pass costs on this machine (once for these models, ~10 s) ...")
+        engine.costs()
+    return engine
 
 
 def warn(message: str) -> None:
