@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from typing import Annotated, Optional
 
 import typer
@@ -67,12 +68,13 @@ def open_engine(
     spec = spec.validate()
     reg = registry.load_registry()
     model = model or registry.default_preset(reg).name
-    target_path = registry.resolve_model(model, reg, progress=download_progress(), warn=warn)
     draft_path = None
-    if spec.uses_draft_model:
-        draft_name = draft or registry.resolve_preset_draft(model, reg)
-        if draft_name:
-            draft_path = registry.resolve_model(draft_name, reg, progress=download_progress(), warn=warn)
+    with download_progress() as progress:
+        target_path = registry.resolve_model(model, reg, progress=progress, warn=warn)
+        if spec.uses_draft_model:
+            draft_name = draft or registry.resolve_preset_draft(model, reg)
+            if draft_name:
+                draft_path = registry.resolve_model(draft_name, reg, progress=progress, warn=warn)
     options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers)
     draft_options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers_draft)
     engine = Engine(ModelPaths(target_path, draft_path), spec, options, draft_options, registry.cache_dir() / "costs.json")
@@ -91,27 +93,31 @@ def warn(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
+@contextmanager
 def download_progress():
-    """A progress callback for downloads: a bar when stderr is a terminal, else nothing."""
-    if not sys.stderr.isatty():
-        return None
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+    """A progress callback for downloads and checksums: a bar on stderr when it is a terminal
+    (removed when the block ends, however it ends), else None."""
+    if not stderr.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-    bars = Progress("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=stderr, transient=True)
-    tasks: dict[str, int] = {}
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+               TimeRemainingColumn())  # fmt: skip
+    bar = Progress(*columns, console=stderr, transient=True)
+    task = None
 
-    def report(description: str, done: int, total: int) -> None:
-        if description not in tasks:
-            if not tasks:
-                bars.start()
-            tasks[description] = bars.add_task(description, total=total)
-        bars.update(tasks[description], completed=done, total=total)
-        if done >= total:
-            bars.remove_task(tasks.pop(description))
-            if not tasks:
-                bars.stop()
+    def update(description: str, done: int, total: int) -> None:
+        nonlocal task
+        if task is None:  # shown only once there is something to show: cached models flash nothing
+            bar.start()
+            task = bar.add_task(description, total=total)
+        bar.update(task, description=description, completed=done, total=total)
 
-    return report
+    try:
+        yield update
+    finally:
+        bar.stop()
 
 
 def _colour_ok() -> bool:

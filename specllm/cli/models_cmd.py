@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import contextmanager
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 from rich.text import Text
 
 from specllm import hub, registry
 from specllm.cli import app
+from specllm.cli import common as c
 
 
 @app.command("models")
@@ -42,11 +41,10 @@ def pull(
     """Download a preset's target and draft models (or one model) into the cache and verify them."""
     reg = registry.load_registry()
     name = name or registry.default_preset(reg).name
-    err = Console(stderr=True, highlight=False)
     for entry in registry.models_for(name, reg):
-        with _progress_bar(err) as progress:
-            path = registry.ensure_model(entry, progress=progress, warn=lambda m: _say(err, f"warning: {m}"))
-        _say(err, f"{entry.name}: {_size(entry.size)} ok  {path}")
+        with c.download_progress() as progress:
+            path = registry.ensure_model(entry, progress=progress, warn=c.warn)
+        _say(c.stderr, f"{entry.name}: {_size(entry.size)} ok  {path}")
 
 
 def _say(console: Console, line: str) -> None:
@@ -102,20 +100,3 @@ def _size(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.2f} GiB"
-
-
-@contextmanager
-def _progress_bar(console: Console):
-    """A rich bar on stderr while a file downloads or verifies; none when stderr is not a terminal."""
-    if not console.is_terminal:
-        yield None
-        return
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-               TimeRemainingColumn())  # fmt: skip
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("", total=None)
-
-        def update(description: str, done: int, total: int) -> None:
-            progress.update(task, description=description, completed=done, total=total)
-
-        yield update
