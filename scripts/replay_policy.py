@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -94,28 +95,32 @@ def simulate(data: dict, costs, draft_max: int, verbose: bool = False) -> dict[s
     from specllm.sampling import SamplingParams
 
     clock = Clock()
-    decode.time = policy.time = clock  # both read time.perf_counter only
     by_category: dict[str, list[float]] = {}
-    for stream in data["streams"]:
-        sequence = stream["prompt"] + stream["tokens"] + ([data["eog"]] if stream["stopped"] else [])
-        backend = ReplayBackend(sequence, data["eog"], costs, clock)
-        drafter = AutoDrafter(NgramDrafter(2, 4), None, CostAwarePolicy(costs.copy(), draft_max=draft_max))
-        decoder = Decoder(backend, drafter, lambda history, limit: limit)
-        started = None
-        for event in decoder.generate(stream["prompt"], data["max_tokens"], SamplingParams(temperature=0.0), np.random.default_rng(0)):
-            if isinstance(event, PrefillDone):
-                started = clock.now
-            elif isinstance(event, Done):
-                assert event.tokens == stream["tokens"], f"replay of {stream['id']} diverged"
-        end_pass = costs.verify(1) if stream["stopped"] else 0.0  # the pass that chose the end token
-        plain = len(stream["tokens"]) * costs.verify(1) + end_pass
-        spent = clock.now - started
-        oracle = oracle_cost(stream["prompt"], stream["tokens"], costs, (2, 4), max(costs.batch_seconds) - 1) + end_pass
-        totals = by_category.setdefault(stream["category"], [0.0, 0.0, 0.0, 0])
-        for i, value in enumerate((plain, spent, oracle, 1)):
-            totals[i] += value
-        if verbose:
-            print(f"{stream['category']:16} {stream['id']:>6} auto {plain / spent:5.2f}x  oracle {plain / oracle:5.2f}x")
+    decode.time = policy.time = clock  # both read time.perf_counter only; put back below
+    try:
+        for stream in data["streams"]:
+            sequence = stream["prompt"] + stream["tokens"] + ([data["eog"]] if stream["stopped"] else [])
+            backend = ReplayBackend(sequence, data["eog"], costs, clock)
+            drafter = AutoDrafter(NgramDrafter(2, 4), None, CostAwarePolicy(costs.copy(), draft_max=draft_max))
+            decoder = Decoder(backend, drafter, lambda history, limit: limit)
+            started = None
+            for event in decoder.generate(stream["prompt"], data["max_tokens"], SamplingParams(temperature=0.0), np.random.default_rng(0)):
+                if isinstance(event, PrefillDone):
+                    started = clock.now
+                elif isinstance(event, Done):
+                    if event.tokens != stream["tokens"]:
+                        raise RuntimeError(f"replay of {stream['id']} diverged from the recording")
+            end_pass = costs.verify(1) if stream["stopped"] else 0.0  # the pass that chose the end token
+            plain = len(stream["tokens"]) * costs.verify(1) + end_pass
+            spent = clock.now - started
+            oracle = oracle_cost(stream["prompt"], stream["tokens"], costs, (2, 4), max(costs.batch_seconds) - 1) + end_pass
+            totals = by_category.setdefault(stream["category"], [0.0, 0.0, 0.0, 0])
+            for i, value in enumerate((plain, spent, oracle, 1)):
+                totals[i] += value
+            if verbose:
+                print(f"{stream['category']:16} {stream['id']:>6} auto {plain / spent:5.2f}x  oracle {plain / oracle:5.2f}x")
+    finally:
+        decode.time = policy.time = time
     by_category["all"] = [sum(t[i] for t in by_category.values()) for i in range(4)]
     return by_category
 

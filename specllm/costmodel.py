@@ -81,8 +81,7 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
     ratio, and the fastest of a few is too lucky). A batch is then held between one token's
     cost and k times it, which the hardware guarantees.
     """
-    max_batch = min(max_batch, target.n_ctx)
-    sizes = [k for k in BATCH_SIZES if k <= max_batch]
+    sizes = batch_sizes(max_batch, target.n_ctx)
     filler = _filler_tokens(target, min(context, target.n_ctx - max(sizes)))
     batch = _filler_tokens(target, max(sizes))
     timings: dict[int, list[float]] = {k: [] for k in sizes}
@@ -105,6 +104,11 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
     one = best[1]
     batch_seconds = {k: min(max(s, one), k * one) for k, s in best.items()}
     return CostModel(batch_seconds, float(np.median(draft_timings)) if draft is not None else 0.0)
+
+
+def batch_sizes(max_batch: int, n_ctx: int) -> list[int]:
+    """The batch sizes timed for a curve up to max_batch in a context of n_ctx tokens."""
+    return [k for k in BATCH_SIZES if k <= min(max_batch, n_ctx)]
 
 
 def _filler_tokens(backend, n: int) -> list[int]:

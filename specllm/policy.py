@@ -98,11 +98,11 @@ class CostAwarePolicy:
         continuation = self.continuation["unique" if kind == "unique" else "repeated"]
         return [self.first[first_key]] + [continuation] * (k - 1)
 
-    def ngram_length(self, proposal: NgramProposal) -> int:
-        """Best number of the proposal's tokens to draft (0: not worth verifying)."""
+    def ngram_draft(self, proposal: NgramProposal) -> list[Beta]:
+        """The estimates behind the proposal's tokens worth drafting: as many as pay (none: draft nothing)."""
         cap = max(1 + CAP_GROWTH * self.ngram_accepted, proposal.span // 2)
-        n = min(len(proposal.tokens), self.draft_max, cap)
-        return self.best_length([estimate.mean for estimate in self.ngram_keys(proposal, n)], 0.0)
+        keys = self.ngram_keys(proposal, min(len(proposal.tokens), self.draft_max, cap))
+        return keys[: self.best_length([estimate.mean for estimate in keys], 0.0)]
 
     def best_length(self, acceptance: list[float], draft_seconds: float) -> int:
         """argmax over k of E[committed | k drafted] - R * (time of verifying k+1 tokens)."""
@@ -199,10 +199,9 @@ class AutoDrafter:
         self._keys = []  # the estimate behind each drafted token, updated when the outcome is known
         proposal = self.ngram.cache.propose(min(max_tokens, self.policy.draft_max))
         if proposal is not None and proposal.tokens:
-            k = self.policy.ngram_length(proposal)
-            if k > 0:
-                self._keys = self.policy.ngram_keys(proposal, k)
-                return Draft(proposal.tokens[:k], None, "ngram", proposal.span)
+            self._keys = self.policy.ngram_draft(proposal)
+            if self._keys:
+                return Draft(proposal.tokens[: len(self._keys)], None, "ngram", proposal.span)
         if self.model is not None and self.policy.consult_draft():
             return self._propose_from_model(history, min(max_tokens, self.policy.draft_max), params, rng)
         return None

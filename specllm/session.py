@@ -12,7 +12,7 @@ from pathlib import Path
 from specllm import ggufinfo
 from specllm.backend import LlamaBackend, LoadOptions, system_info
 from specllm.chat import encode_messages, encode_raw
-from specllm.costmodel import CALIBRATION_METHOD, CostModel, load_costs, measure_costs, save_costs
+from specllm.costmodel import CALIBRATION_METHOD, CostModel, batch_sizes, load_costs, measure_costs, save_costs
 from specllm.decode import Decoder, fixed_budget
 from specllm.drafters import ChainDrafter, ModelDrafter, NgramDrafter
 from specllm.errors import SpecllmError, UsageError
@@ -94,26 +94,23 @@ class Engine:
 
     def costs(self, max_batch: int = AUTO_MAX_BATCH) -> CostModel:
         """This machine's cost curve for these models: from the cost cache when it matches, else measured."""
-        max_batch = min(max_batch, self.target.n_ctx)
-        if self._costs is None or max(self._costs.batch_seconds) < max_batch:
-            key = self._cost_key(max_batch)
-            self._costs = load_costs(self.cost_cache, key)
-            if self._costs is None:
-                self._costs = measure_costs(self.target, self.draft, max_batch=max_batch)
-                save_costs(self.cost_cache, key, self._costs)
+        if not self.costs_known(max_batch):
+            self._costs = measure_costs(self.target, self.draft, max_batch=max_batch)
+            save_costs(self.cost_cache, self._cost_key(max_batch), self._costs)
         return self._costs
 
     def costs_known(self, max_batch: int = AUTO_MAX_BATCH) -> bool:
-        """Whether `costs` can answer without measuring (it is cached for this machine and these models)."""
-        max_batch = min(max_batch, self.target.n_ctx)
-        if self._costs is not None and max(self._costs.batch_seconds) >= max_batch:
-            return True
-        return load_costs(self.cost_cache, self._cost_key(max_batch)) is not None
+        """Whether `costs` can answer without measuring: held already, or cached for this machine and these models."""
+        sizes = batch_sizes(max_batch, self.target.n_ctx)
+        if self._costs is None or max(self._costs.batch_seconds) < sizes[-1]:
+            self._costs = load_costs(self.cost_cache, self._cost_key(max_batch))
+        return self._costs is not None
 
     def _cost_key(self, max_batch: int) -> str:
         parts = [self.target_info, self.draft_info]
         files = [f"{info.path.name}:{info.size}:{info.path.stat().st_mtime_ns}" for info in parts if info is not None]
-        return "|".join(files + [f"threads={self.target.n_threads}", f"ngl={self.target.n_gpu_layers}", f"max={max_batch}", CALIBRATION_METHOD, system_info()])
+        largest = batch_sizes(max_batch, self.target.n_ctx)[-1]  # a small context times fewer sizes
+        return "|".join(files + [f"threads={self.target.n_threads}", f"ngl={self.target.n_gpu_layers}", f"max={largest}", CALIBRATION_METHOD, system_info()])
 
     def decoder(self, strategy: str | None = None) -> Decoder:
         """A fresh decoder (empty history, KV caches cleared) for a strategy."""

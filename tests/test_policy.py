@@ -28,13 +28,13 @@ def _feed(policy, source, drafted, accepted, seconds, span=4, rounds=1):
 def test_flat_verification_cost_drafts_long():
     policy = CostAwarePolicy(GPU.copy(), draft_max=31)
     _feed(policy, "ngram", 8, 6, 0.011, rounds=5)
-    assert policy.ngram_length(_proposal(4)) >= 16
+    assert len(policy.ngram_draft(_proposal(4))) >= 16
 
 
 def test_steep_cost_and_poor_acceptance_stop_drafting():
     policy = CostAwarePolicy(CPU.copy(), draft_max=15)
     _feed(policy, "ngram", 2, 0, 0.107, rounds=6)
-    assert policy.ngram_length(_proposal(4)) == 0
+    assert len(policy.ngram_draft(_proposal(4))) == 0
 
 
 def test_cheap_batch_size_is_exploited():
@@ -52,10 +52,10 @@ def test_recovers_when_acceptance_returns():
     is still drafted; once copies are accepted, short matches are drafted again."""
     policy = CostAwarePolicy(CPU.copy(), draft_max=15)
     _feed(policy, "ngram", 2, 0, 0.107, rounds=6)
-    assert policy.ngram_length(_proposal(4)) == 0
-    assert policy.ngram_length(_proposal(20)) > 0
+    assert len(policy.ngram_draft(_proposal(4))) == 0
+    assert len(policy.ngram_draft(_proposal(20))) > 0
     _feed(policy, "ngram", 8, 8, 0.226, span=20, rounds=4)
-    assert policy.ngram_length(_proposal(4)) > 0
+    assert len(policy.ngram_draft(_proposal(4))) > 0
 
 
 def test_draft_model_backs_off_when_it_does_not_pay_and_retries_later():
@@ -98,21 +98,21 @@ def test_draft_model_is_not_consulted_where_it_cannot_pay():
 def test_long_drafts_grow_with_accepted_tokens():
     """On a flat curve a fresh policy still bets little on a short match; accepted tokens raise the cap."""
     policy = CostAwarePolicy(GPU.copy(), draft_max=31)
-    assert policy.ngram_length(_proposal(2)) == 1
+    assert len(policy.ngram_draft(_proposal(2))) == 1
     _feed(policy, "ngram", 1, 1, 0.011, span=2, rounds=3)
-    assert policy.ngram_length(_proposal(2)) == 7
+    assert len(policy.ngram_draft(_proposal(2))) == 7
 
 
 def test_an_ngram_followed_by_different_tokens_is_trusted_less():
     """A match whose n-gram was followed by different tokens before is drafted less than a unique one."""
     policy = CostAwarePolicy(CPU.copy(), draft_max=15)
     _feed(policy, "ngram", 3, 3, 0.122, span=6, rounds=3)
-    assert policy.ngram_length(_proposal(6)) > 0
-    assert policy.ngram_length(_proposal(6, seen=3, consistent=False)) == 0
+    assert len(policy.ngram_draft(_proposal(6))) > 0
+    assert len(policy.ngram_draft(_proposal(6, seen=3, consistent=False))) == 0
 
 
 def test_a_long_agreeing_span_is_drafted_long_at_once_a_short_one_is_not():
     """Copying shows as a long agreeing run: draft it long from the first proposal."""
     policy = CostAwarePolicy(CPU.copy(), draft_max=15)
-    assert policy.ngram_length(_proposal(20, available=15)) >= 8
-    assert policy.ngram_length(_proposal(2, available=15)) <= 1
+    assert len(policy.ngram_draft(_proposal(20, available=15))) >= 8
+    assert len(policy.ngram_draft(_proposal(2, available=15))) <= 1

@@ -1,10 +1,12 @@
 """scripts/replay_policy.py: scoring auto's n-gram policy against recorded greedy text."""
 
 import importlib.util
+import time
 from pathlib import Path
 
 import numpy as np
 
+from specllm import decode, policy
 from specllm.costmodel import CostModel
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "replay_policy.py"
@@ -30,6 +32,7 @@ def test_a_copy_is_drafted_and_costs_less_than_plain_decoding():
     plain, spent, oracle, n = replay.simulate(data, flat, draft_max=31)["copy"]
     assert n == 1 and spent < plain / 2  # the replay also checks the text equals the recording
     assert oracle <= spent
+    assert decode.time is time and policy.time is time  # the virtual clock is put back for everyone else
 
 
 def test_text_full_of_chance_matches_on_a_steep_curve_costs_what_plain_decoding_costs():

@@ -63,7 +63,7 @@ def bench(
         chosen = [s for s in chosen if s not in ("draft", "ngram+draft")]
         c.warn("no draft model: skipping the draft and ngram+draft strategies")
     c.stderr.print("measuring the verification cost curve ...")
-    costs = engine.costs(max_batch=32)
+    costs = engine.costs()
     settings = BenchSettings(chosen, max_tokens, params, seed, repeats, warm)
     runs, partial = _collect(engine, workload, settings)
     rows = summarize(runs, costs, params.greedy, (ngram_min, ngram_max))
