@@ -47,9 +47,27 @@ def engine(tiny_pair):
     engine.close()
 
 
+class _NeverEnds:
+    """The target with its end-of-generation tokens treated as ordinary text.
+
+    Random weights at temperature > 0 sample an end token sooner or later, and where depends on
+    how the policy drafted (timing-dependent): a generation meant to fill the context must not stop.
+    """
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def is_eog(self, token: int) -> bool:
+        return False
+
+
 def _fill_context(engine: Engine, params: SamplingParams, marks=(0.25, 0.9)):
     """Generate with auto until the context is full; traced heap size when the history crosses each mark."""
     decoder = engine.decoder("auto")
+    decoder.target = _NeverEnds(decoder.target)
     prompt = engine.encode(PROMPTS["code"])
     heap, done = {}, None
     for event in decoder.generate(prompt, 10 * N_CTX, params, np.random.default_rng(0)):
