@@ -1,7 +1,8 @@
 """What a target pass and a draft step cost on this machine, with these models.
 
-`measure_costs` times the target on batches of 1..max_batch tokens (and the draft model on
-one token) in a second or two; `CostModel` answers `verify(k)` (seconds to evaluate a
+`measure_costs` times the target on every batch size 1..max_batch (and the draft model on
+one token): about 12 s for batches up to 32 with a 1.5B model on 2 cores, once per machine
+and model set (the result is cached); `CostModel` answers `verify(k)` (seconds to evaluate a
 batch of k tokens) and keeps learning from the timings of real steps as generation goes.
 """
 
@@ -14,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 LEARNING_RATE = 0.1  # weight of one observed step in the running estimate
 
 
@@ -63,40 +63,39 @@ class CostModel:
         return cls({int(k): float(v) for k, v in data["batch_seconds"].items()}, float(data.get("draft_seconds", 0.0)))
 
 
-SMALL_BATCH_REPEATS = 8  # a batch of k is timed max(1, 8 // k) times a round
+SMALL_BATCH_REPEATS = 16  # a batch of k is timed max(1, 16 // k) times a round
 CALIBRATION_DEPTH = 256  # tokens already in the KV cache when timing: a typical prompt's length
-CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},median"  # part of the cache key: a new method measures again
+CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},median,every-size"  # part of the cache key: a new method measures again
 
 
-def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBRATION_DEPTH, repeats: int = 2) -> CostModel:
-    """Time target batches (and a draft step) at a realistic depth; leaves both KV caches empty.
+def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBRATION_DEPTH, repeats: int = 1) -> CostModel:
+    """Time every target batch size 1..max_batch (and a draft step) at a realistic depth; leaves both KV caches empty.
 
     Depth matters: on a CPU one token's pass grows with the context it attends to faster than
     a batch's does (measured with a 1.5B model on 2 cores: a batch of 2 costs 1.96 single
     tokens at depth 64, 1.66 at depth 252), so timing at an empty cache overstates batches.
 
-    Sizes are timed in rounds, the first one untimed (llama.cpp sizes its compute graph on
-    first use); small batches are cheap and noisy, so they are timed several times a round.
-    Each size costs the median of its timings (one token's cost is the denominator of every
-    ratio, and the fastest of a few is too lucky). A batch is then held between one token's
-    cost and k times it, which the hardware guarantees.
+    Every size is timed, none interpolated: CPU kernels favour some sizes (same machine, batch
+    of 16: 8.3 single tokens, of 15: 10.2, of 32: 14.5, of 31: 16.1), so a curve drawn between
+    a few sizes misprices the ones between. One untimed pass of the largest batch first (llama.cpp
+    sizes its compute buffers on first use), then `repeats` rounds; small batches are cheap and
+    noisy, so they are timed several times a round. Each size costs the median of its timings
+    (one token's cost is the denominator of every ratio, and the fastest of a few is too lucky).
+    A batch is then held between one token's cost and k times it, which the hardware guarantees.
     """
     sizes = batch_sizes(max_batch, target.n_ctx)
     filler = _filler_tokens(target, min(context, target.n_ctx - max(sizes)))
     batch = _filler_tokens(target, max(sizes))
+    _time_batch(target, filler, batch)
+    if draft is not None:
+        _time_batch(draft, filler, batch[:1])
     timings: dict[int, list[float]] = {k: [] for k in sizes}
     draft_timings: list[float] = []
-    for round_ in range(repeats + 1):
+    for _ in range(repeats):
         for k in sizes:
-            for _ in range(max(1, SMALL_BATCH_REPEATS // k)):
-                elapsed = _time_batch(target, filler, batch[:k])
-                if round_:
-                    timings[k].append(elapsed)
+            timings[k] += [_time_batch(target, filler, batch[:k]) for _ in range(max(1, SMALL_BATCH_REPEATS // k))]
         if draft is not None:
-            for _ in range(SMALL_BATCH_REPEATS):
-                elapsed = _time_batch(draft, filler, batch[:1])
-                if round_:
-                    draft_timings.append(elapsed)
+            draft_timings += [_time_batch(draft, filler, batch[:1]) for _ in range(SMALL_BATCH_REPEATS)]
     target.rewind(0)
     if draft is not None:
         draft.rewind(0)
@@ -107,8 +106,8 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
 
 
 def batch_sizes(max_batch: int, n_ctx: int) -> list[int]:
-    """The batch sizes timed for a curve up to max_batch in a context of n_ctx tokens."""
-    return [k for k in BATCH_SIZES if k <= min(max_batch, n_ctx)]
+    """The batch sizes timed for a curve up to max_batch in a context of n_ctx tokens: all of them."""
+    return list(range(1, min(max_batch, n_ctx) + 1))
 
 
 def _filler_tokens(backend, n: int) -> list[int]:

@@ -8,8 +8,9 @@ each step we maximise  E[committed] - R * E[seconds]  using
     is judged by the kind of match (an n-gram seen once before, or several times always
     followed by the same token, or by different ones), how far the context agrees with it,
     and whether the previous draft was fully accepted; each further token by how drafted
-    tokens after an accepted one have fared. The draft model's tokens are judged by its own
-    confidence. Beta priors keep early estimates sane.
+    tokens after an accepted one have fared at the same depth into the copy (a copy that has
+    run 16 tokens is likelier to run on than one that has run 4). The draft model's tokens
+    are judged by its own confidence. Beta priors keep early estimates sane.
 With flat verification costs (a GPU) this drafts long; with steep costs and poor acceptance
 it stops drafting; it consults the draft model only while that has been paying.
 """
@@ -33,8 +34,11 @@ THROUGHPUT_DECAY = 0.1  # weight of one step in the running throughput
 FIRST_PRIOR = 0.5
 COPY_PRIOR = {8: 0.9, 16: 0.95}
 MIXED_PRIOR = 0.25
-# A further token after an accepted one: copies of unique text run on, common phrases soon end.
+# A further token after an accepted one: copies of unique text run on, common phrases soon end;
+# and the longer the context has agreed with the source (depth: agreeing span + tokens drafted
+# before this one), the likelier the copy goes on. Learned per (kind, depth bucket).
 CONTINUATION_PRIOR = {"unique": 0.9, "repeated": 0.6}
+DEPTH_PRIOR = {32: 0.97, 16: 0.95, 8: 0.9}  # depth bucket -> at least this prior, either kind
 # Long drafts are bets: at most 1 + CAP_GROWTH * (n-gram tokens accepted so far in this
 # generation), or half the agreeing span when that is longer.
 CAP_GROWTH = 2
@@ -72,7 +76,7 @@ class CostAwarePolicy:
         self.throughput = 1.0 / costs.verify(1)  # R: start from plain decoding's speed
         self.first: dict[tuple[str, int, bool], Beta] = {}  # by (kind, span bucket, last_full)
         self.first_pool = Beta.prior(FIRST_PRIOR)  # every first token: the prior of kinds not seen yet
-        self.continuation = {kind: Beta.prior(mean) for kind, mean in CONTINUATION_PRIOR.items()}
+        self.continuation: dict[tuple[str, int], Beta] = {}  # by (unique or repeated, depth bucket)
         self.ngram_accepted = 0  # n-gram tokens accepted in this generation: how long a draft may be
         self.last_full = True  # was the previous draft fully accepted?
         self.confidence = [Beta.prior(min(0.95, (lo + hi) / 2)) for lo, hi in zip(CONFIDENCE_EDGES, CONFIDENCE_EDGES[1:])]
@@ -86,7 +90,7 @@ class CostAwarePolicy:
     # -- n-gram ---------------------------------------------------------------------------
 
     def ngram_keys(self, proposal: NgramProposal, k: int) -> list[Beta]:
-        """The estimate behind each of k drafted tokens: the first token's, then the continuation's."""
+        """The estimate behind each of k drafted tokens: the first token's, then the continuation's by depth."""
         kind = _kind(proposal)
         first_key = (kind, _span_bucket(proposal.span), self.last_full)
         if first_key not in self.first:
@@ -95,8 +99,14 @@ class CostAwarePolicy:
             else:
                 prior = max(self.first_pool.mean, COPY_PRIOR.get(first_key[1], 0.0))
             self.first[first_key] = Beta.prior(prior)
-        continuation = self.continuation["unique" if kind == "unique" else "repeated"]
-        return [self.first[first_key]] + [continuation] * (k - 1)
+        group = "unique" if kind == "unique" else "repeated"
+        return [self.first[first_key]] + [self._continuation(group, proposal.span + i) for i in range(1, k)]
+
+    def _continuation(self, group: str, depth: int) -> Beta:
+        key = (group, _depth_bucket(depth))
+        if key not in self.continuation:
+            self.continuation[key] = Beta.prior(max(CONTINUATION_PRIOR[group], DEPTH_PRIOR.get(key[1], 0.0)))
+        return self.continuation[key]
 
     def ngram_draft(self, proposal: NgramProposal) -> list[Beta]:
         """The estimates behind the proposal's tokens worth drafting: as many as pay (none: draft nothing)."""
@@ -242,6 +252,11 @@ def _span_bucket(span: int) -> int:
         if span >= edge:
             return edge
     return span
+
+
+def _depth_bucket(depth: int) -> int:
+    """Depths under 8, 8-15, 16-31 and 32+ tokens into a copy are learned apart."""
+    return next((edge for edge in (32, 16, 8) if depth >= edge), 0)
 
 
 def _kind(proposal: NgramProposal) -> str:

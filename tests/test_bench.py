@@ -118,7 +118,7 @@ def test_calibration_on_a_real_backend_is_sane_and_leaves_caches_empty(tiny_pair
     target = LlamaBackend(tiny_pair[0], LoadOptions(n_ctx=256, n_threads=2))
     costs = measure_costs(target, target, max_batch=8, repeats=1)
     assert target.n_past == 0
-    assert sorted(costs.batch_seconds) == [1, 2, 3, 4, 6, 8]
+    assert sorted(costs.batch_seconds) == list(range(1, 9))  # every size: none interpolated
     for k, seconds in costs.batch_seconds.items():
         assert costs.verify(1) <= seconds <= k * costs.verify(1)
     assert costs.draft_seconds > 0

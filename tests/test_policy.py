@@ -116,3 +116,14 @@ def test_a_long_agreeing_span_is_drafted_long_at_once_a_short_one_is_not():
     policy = CostAwarePolicy(CPU.copy(), draft_max=15)
     assert len(policy.ngram_draft(_proposal(20, available=15))) >= 8
     assert len(policy.ngram_draft(_proposal(2, available=15))) <= 1
+
+
+def test_copies_that_end_early_do_not_shorten_drafts_deep_into_a_copy():
+    """Continuation is learned by depth into the copy: phrases that run out after a token or two
+    make short matches drafted short, but a copy that has agreed for 20 tokens is still drafted long."""
+    policy = CostAwarePolicy(CPU.copy(), draft_max=15)
+    _feed(policy, "ngram", 4, 1, 0.122, span=3, rounds=8)  # first token right, the second wrong
+    assert len(policy.ngram_draft(_proposal(3, available=15))) <= 1
+    assert len(policy.ngram_draft(_proposal(20, available=15))) >= 8
+    _feed(policy, "ngram", 8, 2, 0.226, span=20, rounds=8)  # and when deep copies end early too
+    assert len(policy.ngram_draft(_proposal(20, available=15))) <= 3
