@@ -67,7 +67,7 @@ class ReplayBackend:
         self.n_past = 0
 
     def evaluate(self, tokens, rows) -> np.ndarray:
-        self.clock.now += self.costs.verify(len(tokens))
+        self.clock.now += self.costs.verify(len(tokens), self.n_past)
         out = np.zeros((len(rows), self.n_vocab), dtype=np.float32)
         for i, row in enumerate(rows):
             position = self.n_past + row + 1
@@ -88,7 +88,7 @@ class ReplayBackend:
 def simulate(data: dict, costs, draft_max: int, verbose: bool = False) -> dict[str, list[float]]:
     """Per category: [plain seconds, auto's seconds, oracle seconds, prompts]."""
     from specllm import decode, policy
-    from specllm.bench import oracle_cost
+    from specllm.bench import oracle_cost, plain_cost
     from specllm.decode import Decoder, Done, PrefillDone
     from specllm.drafters import NgramDrafter
     from specllm.policy import AutoDrafter, CostAwarePolicy
@@ -110,8 +110,8 @@ def simulate(data: dict, costs, draft_max: int, verbose: bool = False) -> dict[s
                 elif isinstance(event, Done):
                     if event.tokens != stream["tokens"]:
                         raise RuntimeError(f"replay of {stream['id']} diverged from the recording")
-            end_pass = costs.verify(1) if stream["stopped"] else 0.0  # the pass that chose the end token
-            plain = len(stream["tokens"]) * costs.verify(1) + end_pass
+            end_pass = costs.verify(1, len(sequence) - 2) if stream["stopped"] else 0.0  # the pass that chose the end token
+            plain = plain_cost(stream["prompt"], stream["tokens"], costs) + end_pass
             spent = clock.now - started
             oracle = oracle_cost(stream["prompt"], stream["tokens"], costs, (2, 4), max(costs.batch_seconds) - 1) + end_pass
             totals = by_category.setdefault(stream["category"], [0.0, 0.0, 0.0, 0])
@@ -128,8 +128,10 @@ def simulate(data: dict, costs, draft_max: int, verbose: bool = False) -> dict[s
 def load_curve(path: str, max_batch: int):
     from specllm.costmodel import CostModel
 
-    curve = json.loads(Path(path).read_text())["verify_cost"]
-    return CostModel({c["batch"]: c["ms"] / 1000 for c in curve if c["batch"] <= max_batch}, draft_seconds=1.0)
+    report = json.loads(Path(path).read_text())
+    curve = {c["batch"]: c["ms"] / 1000 for c in report["verify_cost"] if c["batch"] <= max_batch}
+    depth, context_seconds = report.get("verify_cost_depth", 0), report.get("verify_context_us", 0.0) / 1e6
+    return CostModel(curve, draft_seconds=1.0, depth=depth, context_seconds=context_seconds)
 
 
 def replay(args) -> None:

@@ -187,9 +187,14 @@ def oracle_speedup(off: list[Run], costs: CostModel, ngram_sizes=(2, 4)) -> floa
     plain = spent = 0.0
     max_draft = max(costs.batch_seconds) - 1
     for run in off:
-        plain += len(run.tokens) * costs.verify(1)
+        plain += plain_cost(run.prompt_tokens, run.tokens, costs)
         spent += oracle_cost(run.prompt_tokens, run.tokens, costs, ngram_sizes, max_draft)
     return plain / spent if spent else None
+
+
+def plain_cost(prompt: list[int], generated: list[int], costs: CostModel) -> float:
+    """Seconds plain decoding spends on `generated` under the cost model: one pass a token, deeper each time."""
+    return sum(costs.verify(1, len(prompt) - 1 + i) for i in range(len(generated)))
 
 
 def oracle_cost(prompt: list[int], generated: list[int], costs: CostModel, ngram_sizes, max_draft: int) -> float:
@@ -206,7 +211,7 @@ def oracle_cost(prompt: list[int], generated: list[int], costs: CostModel, ngram
                     break
                 correct += 1
         k = max(range(correct + 1), key=lambda n: (n + 1) / costs.verify(n + 1))
-        spent += costs.verify(k + 1)
+        spent += costs.verify(k + 1, len(prompt) - 1 + i)  # the cache holds all but the last token
         cache.extend(generated[i : i + k + 1])
         i += k + 1
     return spent

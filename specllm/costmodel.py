@@ -20,30 +20,45 @@ LEARNING_RATE = 0.1  # weight of one observed step in the running estimate
 
 @dataclass
 class CostModel:
-    batch_seconds: dict[int, float]  # measured seconds for a target batch of k tokens
+    batch_seconds: dict[int, float]  # measured seconds for a target batch of k tokens, at `depth`
     draft_seconds: float = 0.0  # one draft-model step (one token)
+    depth: int = 0  # tokens in the KV cache when batch_seconds were measured
+    context_seconds: float = 0.0  # added per batch token per context token beyond `depth` (attention)
 
-    def verify(self, k: int) -> float:
-        """Seconds for one target pass over k tokens (interpolated between measured sizes)."""
+    def verify(self, k: int, context: int | None = None) -> float:
+        """Seconds for one target pass over k tokens after `context` cached ones (default: the calibration depth).
+
+        Between measured sizes: interpolated. Context: each batch token attends to every cached
+        one, so a pass grows by k * context_seconds per context token (measured with a 1.5B model
+        on 2 cores: from depth 256 to 1024 one token's pass grows 10%, a batch of 32's 32%).
+        """
         sizes = sorted(self.batch_seconds)
         if k in self.batch_seconds:
-            return self.batch_seconds[k]
-        if k > sizes[-1]:  # beyond the measurements: grow linearly with the last slope
+            seconds = self.batch_seconds[k]
+        elif k > sizes[-1]:  # beyond the measurements: grow linearly with the last slope
             a, b = sizes[-2], sizes[-1]
             slope = (self.batch_seconds[b] - self.batch_seconds[a]) / (b - a)
-            return self.batch_seconds[b] + slope * (k - b)
-        return float(np.interp(k, sizes, [self.batch_seconds[s] for s in sizes]))
+            seconds = self.batch_seconds[b] + slope * (k - b)
+        else:
+            seconds = float(np.interp(k, sizes, [self.batch_seconds[s] for s in sizes]))
+        if context is None:
+            return seconds
+        return max(seconds + self._context_term(k, context), 0.5 * seconds)
+
+    def _context_term(self, k: int, context: int) -> float:
+        return self.context_seconds * k * (context - self.depth)
 
     def copy(self) -> "CostModel":
-        return CostModel(dict(self.batch_seconds), self.draft_seconds)
+        return CostModel(dict(self.batch_seconds), self.draft_seconds, self.depth, self.context_seconds)
 
     def relative(self, k: int) -> float:
         return self.verify(k) / self.verify(1)
 
-    def observe_verify(self, k: int, seconds: float) -> None:
-        """Fold a real step's timing into the estimate for its batch size."""
+    def observe_verify(self, k: int, seconds: float, context: int | None = None) -> None:
+        """Fold a real step's timing (after `context` cached tokens) into the estimate for its batch size."""
         if k in self.batch_seconds:
-            self.batch_seconds[k] += LEARNING_RATE * (seconds - self.batch_seconds[k])
+            at_depth = seconds - (self._context_term(k, context) if context is not None else 0.0)
+            self.batch_seconds[k] += LEARNING_RATE * (at_depth - self.batch_seconds[k])
 
     def observe_draft(self, seconds_per_token: float) -> None:
         self.draft_seconds += LEARNING_RATE * (seconds_per_token - self.draft_seconds)
@@ -56,16 +71,27 @@ class CostModel:
         ]
 
     def to_dict(self) -> dict:
-        return {"batch_seconds": {str(k): v for k, v in self.batch_seconds.items()}, "draft_seconds": self.draft_seconds}
+        return {
+            "batch_seconds": {str(k): v for k, v in self.batch_seconds.items()},
+            "draft_seconds": self.draft_seconds,
+            "depth": self.depth,
+            "context_seconds": self.context_seconds,
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> "CostModel":
-        return cls({int(k): float(v) for k, v in data["batch_seconds"].items()}, float(data.get("draft_seconds", 0.0)))
+        return cls(
+            {int(k): float(v) for k, v in data["batch_seconds"].items()},
+            float(data.get("draft_seconds", 0.0)),
+            int(data.get("depth", 0)),
+            float(data.get("context_seconds", 0.0)),
+        )
 
 
 SMALL_BATCH_REPEATS = 16  # a batch of k is timed max(1, 16 // k) times a round
 CALIBRATION_DEPTH = 256  # tokens already in the KV cache when timing: a typical prompt's length
-CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},median,every-size"  # part of the cache key: a new method measures again
+DEEPER = 2  # the context growth is timed at twice that depth
+CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},median,every-size,context"  # part of the cache key: a new method measures again
 
 
 def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBRATION_DEPTH, repeats: int = 1) -> CostModel:
@@ -82,6 +108,8 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
     noisy, so they are timed several times a round. Each size costs the median of its timings
     (one token's cost is the denominator of every ratio, and the fastest of a few is too lucky).
     A batch is then held between one token's cost and k times it, which the hardware guarantees.
+    Last, one token and the largest batch are timed again at a deeper context, which gives
+    what each cached token adds to a pass (`CostModel.verify(k, context)`).
     """
     sizes = batch_sizes(max_batch, target.n_ctx)
     filler = _filler_tokens(target, min(context, target.n_ctx - max(sizes)))
@@ -96,13 +124,31 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
             timings[k] += [_time_batch(target, filler, batch[:k]) for _ in range(max(1, SMALL_BATCH_REPEATS // k))]
         if draft is not None:
             draft_timings += [_time_batch(draft, filler, batch[:1]) for _ in range(SMALL_BATCH_REPEATS)]
+    best = {k: float(np.median(t)) for k, t in timings.items()}
+    context_seconds = _context_slope(target, best, len(filler), batch)
     target.rewind(0)
     if draft is not None:
         draft.rewind(0)
-    best = {k: float(np.median(t)) for k, t in timings.items()}
     one = best[1]
     batch_seconds = {k: min(max(s, one), k * one) for k, s in best.items()}
-    return CostModel(batch_seconds, float(np.median(draft_timings)) if draft is not None else 0.0)
+    draft_seconds = float(np.median(draft_timings)) if draft is not None else 0.0
+    return CostModel(batch_seconds, draft_seconds, len(filler), context_seconds)
+
+
+def _context_slope(target, at_depth: dict[int, float], depth: int, batch: list[int]) -> float:
+    """Seconds a pass grows per batch token per extra context token, from one token and the largest
+    batch timed again DEEPER times deeper (0 where the context is too small to tell)."""
+    deep = DEEPER * depth
+    if depth == 0 or deep + len(batch) > target.n_ctx:
+        return 0.0
+    filler = _filler_tokens(target, deep)
+    growth = {
+        1: float(np.median([_time_batch(target, filler, batch[:1]) for _ in range(SMALL_BATCH_REPEATS)])) - at_depth[1],
+        len(batch): float(np.median([_time_batch(target, filler, batch) for _ in range(3)])) - at_depth[len(batch)],
+    }
+    # Least squares for growth_k = slope * k * (deep - depth) over the two sizes.
+    slope = sum(k * g for k, g in growth.items()) / (sum(k * k for k in growth) * (deep - depth))
+    return max(slope, 0.0)
 
 
 def batch_sizes(max_batch: int, n_ctx: int) -> list[int]:
@@ -117,10 +163,10 @@ def _filler_tokens(backend, n: int) -> list[int]:
 
 def _time_batch(backend, filler: list[int], batch: list[int]) -> float:
     """Seconds for one pass over `batch` after `filler` (evaluated once and kept)."""
-    if backend.n_past != len(filler):
-        backend.rewind(0)
-        if filler:
-            backend.evaluate(filler, [])
+    if backend.n_past != len(filler):  # fillers of any length share their prefix: keep what is cached
+        backend.rewind(min(backend.n_past, len(filler)))
+        if len(filler) > backend.n_past:
+            backend.evaluate(filler[backend.n_past :], [])
     started = time.perf_counter()
     backend.evaluate(batch, list(range(len(batch))))
     elapsed = time.perf_counter() - started

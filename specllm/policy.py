@@ -74,6 +74,7 @@ class CostAwarePolicy:
         self.costs = costs
         self.draft_max = min(draft_max, max(costs.batch_seconds) - 1)  # stay within the measured curve
         self.throughput = 1.0 / costs.verify(1)  # R: start from plain decoding's speed
+        self.context: int | None = None  # tokens in the target's KV cache at this step (None: calibration depth)
         self.first: dict[tuple[str, int, bool], Beta] = {}  # by (kind, span bucket, last_full)
         self.first_pool = Beta.prior(FIRST_PRIOR)  # every first token: the prior of kinds not seen yet
         self.continuation: dict[tuple[str, int], Beta] = {}  # by (unique or repeated, depth bucket)
@@ -114,15 +115,19 @@ class CostAwarePolicy:
         keys = self.ngram_keys(proposal, min(len(proposal.tokens), self.draft_max, cap))
         return keys[: self.best_length([estimate.mean for estimate in keys], 0.0)]
 
+    def cost(self, k: int) -> float:
+        """Seconds of a target pass over k tokens at this step's context."""
+        return self.costs.verify(k, self.context)
+
     def best_length(self, acceptance: list[float], draft_seconds: float) -> int:
         """argmax over k of E[committed | k drafted] - R * (time of verifying k+1 tokens)."""
         rate = self.target_rate()
-        best_k, best_value = 0, 1.0 - rate * self.costs.verify(1)
+        best_k, best_value = 0, 1.0 - rate * self.cost(1)
         survive, expected = 1.0, 1.0
         for k, a in enumerate(acceptance, start=1):
             survive *= a
             expected += survive
-            value = expected - rate * (self.costs.verify(k + 1) + draft_seconds)
+            value = expected - rate * (self.cost(k + 1) + draft_seconds)
             if value > best_value:
                 best_k, best_value = k, value
         return best_k
@@ -158,13 +163,13 @@ class CostAwarePolicy:
         k = len(acceptance)
         survive = float(np.prod(acceptance)) if acceptance else 1.0
         gain = survive * next_acceptance
-        cost = self.costs.draft_seconds + self.costs.verify(k + 2) - self.costs.verify(k + 1)
+        cost = self.costs.draft_seconds + self.cost(k + 2) - self.cost(k + 1)
         return gain > self.target_rate() * cost
 
     def target_rate(self) -> float:
         """R, the value of a second in tokens: the running throughput, shrunk halfway towards plain
         decoding's rate so that a lucky streak does not make ordinary good drafts look poor."""
-        plain = 1.0 / self.costs.verify(1)
+        plain = 1.0 / self.cost(1)
         return plain + 0.5 * (self.throughput - plain)
 
     # -- learning -------------------------------------------------------------------------
@@ -180,7 +185,7 @@ class CostAwarePolicy:
             self.first_pool.observe(accepted > 0, accepted == 0)
             self.ngram_accepted += accepted
         committed = accepted + 1
-        plain_rate = 1.0 / self.costs.verify(1)
+        plain_rate = 1.0 / self.cost(1)
         if seconds > 0:
             self.throughput += THROUGHPUT_DECAY * (committed / seconds - self.throughput)
             self.throughput = max(self.throughput, plain_rate)  # never aim below plain decoding
@@ -206,6 +211,7 @@ class AutoDrafter:
 
     def propose(self, history, max_tokens, params, rng) -> Draft | None:
         self.ngram.commit(history)
+        self.policy.context = len(history) - 1  # the target's cache holds all but the last token
         self._keys = []  # the estimate behind each drafted token, updated when the outcome is known
         proposal = self.ngram.cache.propose(min(max_tokens, self.policy.draft_max))
         if proposal is not None and proposal.tokens:
@@ -230,7 +236,7 @@ class AutoDrafter:
         started = time.perf_counter()
         draft = self.model.propose(history, max_tokens, params, rng, keep_going=keep_going)
         if draft is None:  # the draft model was not confident: its time bought nothing
-            self.policy.score_draft(-(time.perf_counter() - started) / self.policy.costs.verify(1))
+            self.policy.score_draft(-(time.perf_counter() - started) / self.policy.cost(1))
         return draft
 
     def commit(self, history) -> None:
@@ -240,7 +246,7 @@ class AutoDrafter:
 
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         costs = self.policy.costs
-        costs.observe_verify(len(draft.tokens) + 1, verify_seconds)
+        costs.observe_verify(len(draft.tokens) + 1, verify_seconds, self.policy.context)
         if draft.source == "draft" and draft.tokens:
             costs.observe_draft(draft_seconds / len(draft.tokens))
         self.policy.observe(draft, accepted, draft_seconds + verify_seconds, self._keys)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from specllm.bench import BenchSettings, Run, expected_speedup, oracle_cost, run_bench, summarize
+from specllm.bench import BenchSettings, Run, expected_speedup, oracle_cost, plain_cost, run_bench, summarize
 from specllm.cli import app
-from specllm.costmodel import CostModel, measure_costs
+from specllm.costmodel import LEARNING_RATE, CostModel, measure_costs
 from specllm.decode import Decoder, fixed_budget
 from specllm.drafters import NgramDrafter
 from specllm.sampling import SamplingParams
@@ -106,6 +106,33 @@ def test_oracle_drafts_only_the_correct_prefix_that_pays():
     assert oracle_cost(prompt, generated, linear, (2, 2), max_draft=7) == pytest.approx(4 * 0.1)
 
 
+def test_a_deeper_context_costs_more_per_batch_token():
+    costs = CostModel({1: 0.03, 32: 0.45}, depth=256, context_seconds=6e-6)
+    assert costs.verify(32) == costs.verify(32, 256) == 0.45
+    assert costs.verify(32, 1280) == pytest.approx(0.45 + 6e-6 * 32 * 1024)
+    assert costs.verify(1, 1280) == pytest.approx(0.03 + 6e-6 * 1024)
+    assert costs.verify(32, 0) == pytest.approx(0.45 - 6e-6 * 32 * 256)
+    assert CostModel.from_dict(costs.to_dict()) == costs
+
+
+def test_step_timings_are_read_back_at_the_calibration_depth():
+    """A deep step that took what the context predicts teaches nothing; one slower than that does."""
+    costs = CostModel({1: 0.03, 32: 0.45}, depth=256, context_seconds=6e-6)
+    costs.observe_verify(32, costs.verify(32, 2048), context=2048)
+    assert costs.batch_seconds[32] == pytest.approx(0.45)
+    costs.observe_verify(32, costs.verify(32, 2048) + 0.1, context=2048)
+    assert costs.batch_seconds[32] == pytest.approx(0.45 + LEARNING_RATE * 0.1)
+
+
+def test_plain_and_oracle_costs_grow_with_the_context():
+    prompt, generated = [5, 6, 7, 8, 9, 5, 6], [7, 8, 1, 2]
+    deep = CostModel(dict(COSTS.batch_seconds), depth=0, context_seconds=1e-3)
+    assert plain_cost(prompt, generated, deep) == pytest.approx(sum(0.1 + 1e-3 * (6 + i) for i in range(4)))
+    # the oracle's two passes (3 tokens after 6 cached, then 1 after 9) pay for their depth
+    expected = COSTS.verify(3) + 3e-3 * 6 + COSTS.verify(1) + 1e-3 * 9
+    assert oracle_cost(prompt, generated, deep, (2, 2), max_draft=7) == pytest.approx(expected)
+
+
 def test_builtin_workloads_cover_the_three_kinds():
     prompts = load_prompts()
     assert {"code_edit", "summarization"} <= {p.category for p in prompts}
@@ -122,6 +149,7 @@ def test_calibration_on_a_real_backend_is_sane_and_leaves_caches_empty(tiny_pair
     for k, seconds in costs.batch_seconds.items():
         assert costs.verify(1) <= seconds <= k * costs.verify(1)
     assert costs.draft_seconds > 0
+    assert costs.depth == 256 - 8 and costs.context_seconds == 0.0  # no room to time a deeper context
     target.close()
 
 

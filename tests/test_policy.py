@@ -127,3 +127,15 @@ def test_copies_that_end_early_do_not_shorten_drafts_deep_into_a_copy():
     assert len(policy.ngram_draft(_proposal(20, available=15))) >= 8
     _feed(policy, "ngram", 8, 2, 0.226, span=20, rounds=8)  # and when deep copies end early too
     assert len(policy.ngram_draft(_proposal(20, available=15))) <= 3
+
+
+def test_a_deep_context_makes_long_drafts_dearer():
+    """Attention makes every batch token cost more as the context grows: the same estimates buy a
+    shorter draft after 8000 cached tokens than after 256."""
+    deep_cpu = CostModel(dict(CPU.batch_seconds), CPU.draft_seconds, depth=256, context_seconds=6e-6)
+    policy = CostAwarePolicy(deep_cpu, draft_max=15)
+    acceptance = [0.95] + [0.9] * 14
+    policy.context = 256
+    shallow = policy.best_length(acceptance, 0.0)
+    policy.context = 8192
+    assert 0 < policy.best_length(acceptance, 0.0) < shallow

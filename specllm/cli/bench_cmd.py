@@ -155,7 +155,11 @@ def _bars(rows, width: int = 40) -> str:
 
 
 def _curve_line(costs) -> str:
-    return "verify cost (batch: x one token): " + ", ".join(f"{p['batch']}: {p['relative']:.2f}" for p in costs.curve())
+    line = f"verify cost at {costs.depth} cached tokens (batch: x one token): "
+    line += ", ".join(f"{p['batch']}: {p['relative']:.2f}" for p in costs.curve())
+    if costs.context_seconds:
+        line += f"; each 1000 more cached tokens add {costs.context_seconds * 1e3 / costs.verify(1):.2%} of one token's pass per batch token"
+    return line
 
 
 def _report(engine, settings, costs, rows, runs, workload, partial, prompts_file) -> dict:
@@ -186,6 +190,8 @@ def _report(engine, settings, costs, rows, runs, workload, partial, prompts_file
             "spec": vars(engine.spec),
         },
         "verify_cost": costs.curve(),
+        "verify_cost_depth": costs.depth,
+        "verify_context_us": round(costs.context_seconds * 1e6, 4),  # per batch token per cached token beyond the depth
         "draft_cost_relative": round(costs.draft_seconds / costs.verify(1), 3) if costs.draft_seconds else None,
         "results": rows,
         "runs": [

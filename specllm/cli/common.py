@@ -80,7 +80,7 @@ def open_engine(
     engine = Engine(ModelPaths(target_path, draft_path), spec, options, draft_options, registry.cache_dir() / "costs.json")
     if spec.strategy == "auto" and not engine.costs_known():
         if sys.stderr.isatty():
-            stderr.print("measuring what a target pass costs on this machine (once for these models, ~10 s) ...")
+            stderr.print("measuring what a target pass costs on this machine (once for these models, ~20-30 s) ...")
         engine.costs()
     return engine
 
