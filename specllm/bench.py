@@ -210,8 +210,9 @@ def oracle_cost(prompt: list[int], generated: list[int], costs: CostModel, ngram
                 if drafted != actual:
                     break
                 correct += 1
-        k = max(range(correct + 1), key=lambda n: (n + 1) / costs.verify(n + 1))
-        spent += costs.verify(k + 1, len(prompt) - 1 + i)  # the cache holds all but the last token
+        context = len(prompt) - 1 + i  # the target's cache holds all but the last token
+        k = max(range(correct + 1), key=lambda n: (n + 1) / costs.verify(n + 1, context))
+        spent += costs.verify(k + 1, context)
         cache.extend(generated[i : i + k + 1])
         i += k + 1
     return spent

@@ -1,9 +1,10 @@
 """What a target pass and a draft step cost on this machine, with these models.
 
-`measure_costs` times the target on every batch size 1..max_batch (and the draft model on
-one token): about 12 s for batches up to 32 with a 1.5B model on 2 cores, once per machine
-and model set (the result is cached); `CostModel` answers `verify(k)` (seconds to evaluate a
-batch of k tokens) and keeps learning from the timings of real steps as generation goes.
+`measure_costs` times the target on every batch size 1..max_batch at a typical prompt's depth,
+then how much each cached token adds (and the draft model on one token): about 22 s for
+batches up to 32 with a 1.5B model on 2 cores, once per machine and model set (the result is
+cached). `CostModel` answers `verify(k, context)` (seconds to evaluate a batch of k tokens after
+`context` cached ones) and keeps learning from the timings of real steps as generation goes.
 """
 
 from __future__ import annotations
@@ -97,9 +98,9 @@ CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},median,every-size,context"  # p
 def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBRATION_DEPTH, repeats: int = 1) -> CostModel:
     """Time every target batch size 1..max_batch (and a draft step) at a realistic depth; leaves both KV caches empty.
 
-    Depth matters: on a CPU one token's pass grows with the context it attends to faster than
-    a batch's does (measured with a 1.5B model on 2 cores: a batch of 2 costs 1.96 single
-    tokens at depth 64, 1.66 at depth 252), so timing at an empty cache overstates batches.
+    Depth matters: every batch token attends to every cached token, so a pass grows with the
+    context, a batch faster than one token. Sizes are timed at a typical prompt's depth and
+    the growth per cached token is measured apart (see the end).
 
     Every size is timed, none interpolated: CPU kernels favour some sizes (same machine, batch
     of 16: 8.3 single tokens, of 15: 10.2, of 32: 14.5, of 31: 16.1), so a curve drawn between
