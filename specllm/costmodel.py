@@ -92,7 +92,7 @@ class CostModel:
 SMALL_BATCH_REPEATS = 16  # a batch of k is timed max(1, 16 // k) times a round
 CALIBRATION_DEPTH = 256  # tokens already in the KV cache when timing: a typical prompt's length
 DEEPER = 2  # the context growth is timed at twice that depth
-CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},median,every-size,context"  # part of the cache key: a new method measures again
+CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},median,every-size,context-median"  # part of the cache key: a new method measures again
 
 
 def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBRATION_DEPTH, repeats: int = 1) -> CostModel:
@@ -126,7 +126,7 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
         if draft is not None:
             draft_timings += [_time_batch(draft, filler, batch[:1]) for _ in range(SMALL_BATCH_REPEATS)]
     best = {k: float(np.median(t)) for k, t in timings.items()}
-    context_seconds = _context_slope(target, best, len(filler), batch)
+    context_seconds = _context_slope(target, filler, batch, best[1])
     target.rewind(0)
     if draft is not None:
         draft.rewind(0)
@@ -136,16 +136,18 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
     return CostModel(batch_seconds, draft_seconds, len(filler), context_seconds)
 
 
-def _context_slope(target, at_depth: dict[int, float], depth: int, batch: list[int]) -> float:
-    """Seconds a pass grows per batch token per extra context token, from one token and the largest
-    batch timed again DEEPER times deeper (0 where the context is too small to tell)."""
-    deep = DEEPER * depth
+def _context_slope(target, filler: list[int], batch: list[int], one: float) -> float:
+    """Seconds a pass grows per batch token per extra context token: one token (`one` seconds
+    after `filler`) and the largest batch timed after DEEPER times as much context (0 where the
+    context is too small to tell). Medians on both sides: one disturbed timing must not skew it."""
+    depth, deep = len(filler), DEEPER * len(filler)
     if depth == 0 or deep + len(batch) > target.n_ctx:
         return 0.0
-    filler = _filler_tokens(target, deep)
+    shallow = float(np.median([_time_batch(target, filler, batch) for _ in range(3)]))
+    deep_filler = _filler_tokens(target, deep)
     growth = {
-        1: float(np.median([_time_batch(target, filler, batch[:1]) for _ in range(SMALL_BATCH_REPEATS)])) - at_depth[1],
-        len(batch): float(np.median([_time_batch(target, filler, batch) for _ in range(3)])) - at_depth[len(batch)],
+        1: float(np.median([_time_batch(target, deep_filler, batch[:1]) for _ in range(SMALL_BATCH_REPEATS)])) - one,
+        len(batch): float(np.median([_time_batch(target, deep_filler, batch) for _ in range(3)])) - shallow,
     }
     # Least squares for growth_k = slope * k * (deep - depth) over the two sizes.
     slope = sum(k * g for k, g in growth.items()) / (sum(k * k for k in growth) * (deep - depth))
