@@ -110,6 +110,7 @@ def _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy) -> di
         "prompt_tokens": total.prompt_tokens,
         "prefill_tok_per_s": round(total.prompt_tokens / total.prefill_seconds, 1) if total.prefill_seconds else None,
         "speedup": round(speedup, 3) if speedup is not None else None,
+        "speedup_range": _speedup_range(group, off) if strategy != "off" and off else None,
         "acceptance_rate": round(total.acceptance_rate, 4),
         "mean_accepted_length": round(total.mean_accepted_length, 3),
         "per_position": [round(a / d, 3) if d else 0.0 for d, a in total.per_position],
@@ -148,6 +149,21 @@ def _merge(total: Stats, part: Stats) -> None:
 def _tok_per_s(group: list[Run]) -> float:
     seconds = sum(r.stats.seconds for r in group)
     return sum(r.stats.tokens for r in group) / seconds if seconds else 0.0
+
+
+def _speedup_range(group: list[Run], off: list[Run]) -> list[float] | None:
+    """Lowest and highest speedup of single runs against off's run of the same prompt and repeat.
+
+    On a busy or throttling machine a run's speed drifts by several percent; a category's speedup
+    whose range spans 1.0 cannot tell a small loss from noise. None with fewer than two pairs.
+    """
+    reference = {(r.prompt.id, r.repeat): r for r in off}
+    ratios = []
+    for run in group:
+        plain = reference.get((run.prompt.id, run.repeat))
+        if plain is not None and run.stats.seconds and plain.stats.seconds and plain.stats.tokens:
+            ratios.append(_tok_per_s([run]) / _tok_per_s([plain]))
+    return [round(min(ratios), 3), round(max(ratios), 3)] if len(ratios) >= 2 else None
 
 
 def _identical(group: list[Run], off: list[Run]) -> int:

@@ -82,6 +82,9 @@ def test_summary_arithmetic():
     everything = rows[("all", "ngram")]
     assert everything["tokens"] == 20 and everything["speedup"] == pytest.approx(20 / 5 / (20 / 4), abs=1e-3)
     assert rows[("a", "off")]["speedup"] == 1.0
+    assert rows[("a", "off")]["speedup_range"] is None  # off against itself says nothing
+    assert rows[("a", "ngram")]["speedup_range"] is None  # one pair: no spread to show
+    assert everything["speedup_range"] == [0.5, 2.0]  # runs at 2x and 0.5x pool to 0.8x: the range shows it
 
 
 def test_expected_speedup_formula():
