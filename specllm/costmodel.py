@@ -33,18 +33,20 @@ class CostModel:
         one, so a pass grows by k * context_seconds per context token (measured with a 1.5B model
         on 2 cores: from depth 256 to 1024 one token's pass grows 10%, a batch of 32's 32%).
         """
-        sizes = sorted(self.batch_seconds)
-        if k in self.batch_seconds:
-            seconds = self.batch_seconds[k]
-        elif k > sizes[-1]:  # beyond the measurements: grow linearly with the last slope
-            a, b = sizes[-2], sizes[-1]
-            slope = (self.batch_seconds[b] - self.batch_seconds[a]) / (b - a)
-            seconds = self.batch_seconds[b] + slope * (k - b)
-        else:
-            seconds = float(np.interp(k, sizes, [self.batch_seconds[s] for s in sizes]))
+        seconds = self.batch_seconds.get(k)
+        if seconds is None:  # every size up to the largest is timed, so rarely: a hand-made or partial curve
+            seconds = self._between_sizes(k)
         if context is None:
             return seconds
         return max(seconds + self._context_term(k, context), 0.5 * seconds)
+
+    def _between_sizes(self, k: int) -> float:
+        sizes = sorted(self.batch_seconds)
+        if k > sizes[-1]:  # beyond the measurements: grow linearly with the last slope
+            a, b = sizes[-2], sizes[-1]
+            slope = (self.batch_seconds[b] - self.batch_seconds[a]) / (b - a)
+            return self.batch_seconds[b] + slope * (k - b)
+        return float(np.interp(k, sizes, [self.batch_seconds[s] for s in sizes]))
 
     def _context_term(self, k: int, context: int) -> float:
         return self.context_seconds * k * (context - self.depth)

@@ -262,7 +262,10 @@ def _span_bucket(span: int) -> int:
 
 def _depth_bucket(depth: int) -> int:
     """Depths under 8, 8-15, 16-31 and 32+ tokens into a copy are learned apart."""
-    return next((edge for edge in (32, 16, 8) if depth >= edge), 0)
+    for edge in (32, 16, 8):
+        if depth >= edge:
+            return edge
+    return 0
 
 
 def _kind(proposal: NgramProposal) -> str:
