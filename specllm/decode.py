@@ -155,7 +155,7 @@ class Decoder:
             self.target.evaluate(prompt[reused:-1], [])
         self.history = list(prompt)
         if self.drafter is not None:
-            self.drafter.commit(self.history)
+            self.drafter.start(self.history)
         return PrefillDone(len(prompt), reused, time.perf_counter() - started)
 
     def _propose(self, limit: int, params, rng) -> tuple[Draft, float]:

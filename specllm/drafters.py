@@ -30,6 +30,9 @@ class Drafter(Protocol):
 
     def commit(self, history: list[int]) -> None: ...
 
+    def start(self, prompt: list[int]) -> None:
+        """A generation begins after `prompt` (commit it); what follows is the target's own output."""
+
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         """How the last step fared (`draft` may be empty); drafters that do not learn ignore it."""
 
@@ -57,6 +60,9 @@ class NgramDrafter:
             n = common_prefix(known, history)
             self.cache.truncate(n)
         self.cache.extend(history[n:])
+
+    def start(self, prompt: list[int]) -> None:
+        self.commit(prompt)
 
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         pass  # fixed drafters do not learn
@@ -114,6 +120,9 @@ class ModelDrafter:
             self.model.rewind(keep)
             del self.kv_tokens[keep:]
 
+    def start(self, prompt: list[int]) -> None:
+        self.commit(prompt)
+
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         pass  # p-min decides alone; `auto` learns from the outcomes instead
 
@@ -156,6 +165,9 @@ class ChainDrafter:
     def commit(self, history: list[int]) -> None:
         for drafter in self.drafters:
             drafter.commit(history)
+
+    def start(self, prompt: list[int]) -> None:
+        self.commit(prompt)
 
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         pass  # fixed drafters do not learn

@@ -20,6 +20,7 @@ class NgramProposal:
     span: int = 0  # how many tokens before the continuation agree with the history's tail (<= SPAN_MAX)
     seen: int = 1  # earlier occurrences of the matched n-gram
     consistent: bool = True  # every earlier occurrence was followed by the same token
+    source: int = 0  # position in the history of the continuation's first token
 
 
 class NgramCache:
@@ -69,7 +70,7 @@ class NgramCache:
             if entry is not None:
                 end, seen, consistent = entry
                 continuation = history[end + 1 : end + 1 + max_tokens]
-                return NgramProposal(continuation, n, self._span(end, n), seen, consistent)
+                return NgramProposal(continuation, n, self._span(end, n), seen, consistent, end + 1)
         return None
 
     def _span(self, end: int, n: int) -> int:

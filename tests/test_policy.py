@@ -13,6 +13,8 @@ from tests.fakes import FakeBackend
 GPU = CostModel({k: 0.010 + 0.0001 * k for k in (1, 2, 4, 8, 16, 32)}, draft_seconds=0.002)
 # CPU-like: measured shape for a 1.5B model on 2 cores, with a cheap batch of 5.
 CPU = CostModel({1: 0.073, 2: 0.107, 3: 0.13, 4: 0.122, 5: 0.153, 8: 0.226, 16: 0.27}, draft_seconds=0.034)
+# Measured later on the same machine with every size timed (relative to one token's 32.4 ms).
+CPU_2 = CostModel({k: 0.0324 * r for k, r in {1: 1.0, 2: 1.87, 3: 2.59, 4: 3.17, 5: 3.85, 6: 4.58, 7: 5.26, 8: 6.97, 16: 8.75}.items()}, draft_seconds=0.021)
 
 
 def _proposal(span: int, seen: int = 1, consistent: bool = True, available: int = 31) -> NgramProposal:
@@ -139,3 +141,27 @@ def test_a_deep_context_makes_long_drafts_dearer():
     shallow = policy.best_length(acceptance, 0.0)
     policy.context = 8192
     assert 0 < policy.best_length(acceptance, 0.0) < shallow
+
+
+def test_a_copy_of_the_generations_own_output_is_trusted_less_than_a_copy_of_the_prompt():
+    """The same long agreeing span is drafted when its source is the prompt, not when the model is
+    repeating a phrase of its own (on a CPU such repeats ran on too rarely to pay)."""
+    policy = CostAwarePolicy(CPU_2.copy(), draft_max=15)
+    policy.output_start = 100
+    from_prompt = NgramProposal(list(range(15)), 4, 12, source=40)
+    from_output = NgramProposal(list(range(15)), 4, 12, source=120)
+    assert len(policy.ngram_draft(from_prompt)) >= 3
+    assert len(policy.ngram_draft(from_output)) == 0
+
+
+def test_each_generation_marks_where_its_own_output_starts():
+    """A chat's next turn: the previous reply is part of the prompt, so copying it is copying context."""
+    drafter = AutoDrafter(NgramDrafter(1, 3), None, CostAwarePolicy(GPU.copy()))
+    decoder = Decoder(FakeBackend(seed=0), drafter, lambda history, limit: limit)
+    greedy, rng = SamplingParams(temperature=0.0), np.random.default_rng(0)
+    first = [e for e in decoder.generate([1, 2, 3], 10, greedy, rng)][-1].tokens
+    assert drafter.policy.output_start == 3
+    follow_up = [1, 2, 3, *first, 4, 5]
+    for _ in decoder.generate(follow_up, 10, greedy, rng):
+        pass
+    assert drafter.policy.output_start == len(follow_up)
