@@ -6,6 +6,7 @@ the rows the CLI renders. Figures are ratios measured in the same run.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -41,7 +42,8 @@ class BenchSettings:
 
 
 def run_bench(engine, prompts: list[Prompt], settings: BenchSettings) -> Iterator[Run]:
-    """Interleave strategies prompt by prompt (rotating their order) so drift hits all alike."""
+    """Interleave strategies prompt by prompt, rotating their order from prompt to prompt and from
+    repeat to repeat (two strategies: A B on one repeat, B A on the next), so drift hits all alike."""
     _warm_up(engine, prompts[0], settings)
     decoders = {}
     for repeat in range(settings.repeats):
@@ -111,6 +113,7 @@ def _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy) -> di
         "prefill_tok_per_s": round(total.prompt_tokens / total.prefill_seconds, 1) if total.prefill_seconds else None,
         "speedup": round(speedup, 3) if speedup is not None else None,
         "speedup_range": _speedup_range(group, off) if strategy != "off" and off else None,
+        "speedup_interval": _speedup_interval(group, off) if strategy != "off" and off else None,
         "acceptance_rate": round(total.acceptance_rate, 4),
         "mean_accepted_length": round(total.mean_accepted_length, 3),
         "per_position": [round(a / d, 3) if d else 0.0 for d, a in total.per_position],
@@ -164,6 +167,40 @@ def _speedup_range(group: list[Run], off: list[Run]) -> list[float] | None:
         if plain is not None and run.stats.seconds and plain.stats.seconds and plain.stats.tokens:
             ratios.append(_tok_per_s([run]) / _tok_per_s([plain]))
     return [round(min(ratios), 3), round(max(ratios), 3)] if len(ratios) >= 2 else None
+
+
+# Two-sided 95% quantiles of Student's t by degrees of freedom (1-30); 1.96 beyond.
+T_975 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13,
+         2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05, 2.04)  # fmt: skip
+
+
+def _speedup_interval(group: list[Run], off: list[Run]) -> list[float] | None:
+    """A 95% confidence interval for the speedup, from how it varies between repeats.
+
+    Each repeat measures the figure again on the same prompts, so the per-repeat speedups are
+    replicates of it: a t-interval on their logarithms (the figure is a ratio). It answers whether
+    a gap of a few percent is timing noise. None with fewer than two complete repeats.
+    """
+    prompts = {r.prompt.id for r in group}
+    mine: dict[int, list[Run]] = {}
+    plain: dict[int, list[Run]] = {}
+    for run in group:
+        mine.setdefault(run.repeat, []).append(run)
+    for run in off:
+        plain.setdefault(run.repeat, []).append(run)
+    logs = []
+    for repeat, runs in mine.items():
+        reference = plain.get(repeat, [])
+        if {r.prompt.id for r in runs} == prompts == {r.prompt.id for r in reference}:
+            ratio = _tok_per_s(runs) / _tok_per_s(reference) if _tok_per_s(reference) else 0.0
+            if ratio > 0:
+                logs.append(math.log(ratio))
+    if len(logs) < 2:
+        return None
+    mean, sd = float(np.mean(logs)), float(np.std(logs, ddof=1))
+    t = T_975[len(logs) - 2] if len(logs) - 1 <= len(T_975) else 1.96
+    half = t * sd / math.sqrt(len(logs))
+    return [round(math.exp(mean - half), 3), round(math.exp(mean + half), 3)]
 
 
 def _identical(group: list[Run], off: list[Run]) -> int:

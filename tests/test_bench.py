@@ -87,6 +87,32 @@ def test_summary_arithmetic():
     assert everything["speedup_range"] == [0.5, 2.0]  # runs at 2x and 0.5x pool to 0.8x: the range shows it
 
 
+def test_speedup_interval_comes_from_the_spread_between_repeats():
+    """Each repeat is a replicate of the category's figure: steady repeats give a narrow interval
+    around the speedup, scattered ones a wide interval, one repeat none at all."""
+    p0, p1 = PROMPTS[0], PROMPTS[1]
+
+    def repeat(n, *speedups):
+        runs = []
+        for prompt, speedup in zip((p0, p1), speedups):
+            runs += [_run(prompt, "off", [1] * 10, 2.0), _run(prompt, "ngram", [1] * 10, 2.0 / speedup)]
+        for run in runs:
+            run.repeat = n
+        return runs
+
+    def interval(runs):
+        rows = {(r["category"], r["strategy"]): r for r in summarize(runs, COSTS, greedy=True)}
+        return rows[("a", "ngram")]["speedup_interval"]
+
+    assert interval(repeat(0, 0.9, 1.1)) is None
+    steady = interval(repeat(0, 0.95, 0.95) + repeat(1, 0.96, 0.96) + repeat(2, 0.94, 0.94) + repeat(3, 0.95, 0.95))
+    assert 0.92 < steady[0] < 0.95 < steady[1] < 0.98  # a 5% loss, told apart from 1.0
+    scattered = interval(repeat(0, 0.85, 0.85) + repeat(1, 1.05, 1.05) + repeat(2, 0.95, 0.95))
+    assert scattered[0] < 0.85 and scattered[1] > 1.05  # three scattered repeats prove nothing
+    incomplete = repeat(0, 1.0, 1.0) + repeat(1, 1.0, 1.0)[:2]  # the second repeat lacks prompt p1
+    assert interval(incomplete) is None
+
+
 def test_expected_speedup_formula():
     # α = 0: one token per pass, cost v + γc
     assert expected_speedup(0.0, 4, 0.0, 2.0) == pytest.approx(0.5)

@@ -122,18 +122,22 @@ def _complete_prompts(runs):
 
 def _table(rows) -> Table:
     table = Table(title="specllm bench (speedup = tok/s against off, same run)")
-    for name in ("category", "strategy", "prompts", "tokens", "tok/s", "speedup", "per run", "accept", "tok/pass", "draft %", "expected", "oracle", "of oracle", "same as off"):
+    for name in ("category", "strategy", "prompts", "tokens", "tok/s", "speedup", "95% CI", "per run", "accept", "tok/pass", "draft %", "expected", "oracle", "of oracle", "same as off"):
         table.add_column(name, justify="left" if name in ("category", "strategy") else "right")
     for r in rows:
         table.add_row(
             r["category"], r["strategy"], str(r["prompts"]), str(r["tokens"]), f"{r['tok_per_s']:.1f}",
-            _fmt(r["speedup"], "x"), "{:.2f}-{:.2f}".format(*r["speedup_range"]) if r["speedup_range"] else "-",
+            _fmt(r["speedup"], "x"), _span(r["speedup_interval"]), _span(r["speedup_range"]),
             f"{r['acceptance_rate']:.0%}" if r["strategy"] != "off" else "-",
             f"{r['mean_accepted_length']:.2f}", f"{r['draft_share']:.0%}", _fmt(r["expected_speedup"], "x"),
             _fmt(r["oracle_speedup"], "x"), _fmt(r["share_of_oracle"], "", pct=True),
             r["identical_prompts"] or "-",
         )  # fmt: skip
     return table
+
+
+def _span(pair) -> str:
+    return "{:.2f}-{:.2f}".format(*pair) if pair else "-"
 
 
 def _fmt(value, unit: str, pct: bool = False) -> str:
