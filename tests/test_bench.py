@@ -215,7 +215,8 @@ def test_bench_cli_short_real_run_writes_the_json_schema(tmp_path, smollm2_path)
         + json.dumps({"question_id": 2, "category": "qa", "turns": ["What is 2 + 2?"]}) + "\n"
     )  # fmt: skip
     out = tmp_path / "bench.json"
-    result = CliRunner().invoke(app, ["bench", "-m", str(smollm2_path), "--prompts", str(prompts), "-n", "12", "--strategies", "ngram,auto", "--json", str(out), "-c", "1024"])
+    args = ["bench", "-m", str(smollm2_path), "--prompts", str(prompts), "-n", "12", "--strategies", "ngram,auto", "--json", str(out), "-c", "1024", "--repeats", "2"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert {"machine", "models", "settings", "verify_cost", "results"} <= set(report)
@@ -225,3 +226,5 @@ def test_bench_cli_short_real_run_writes_the_json_schema(tmp_path, smollm2_path)
     assert all(keys <= set(row) for row in report["results"])
     assert {(r["strategy"], r["category"]) for r in report["results"]} >= {("off", "qa"), ("ngram", "code_edit"), ("auto", "all")}
     assert all(r["identical_to_off"] for r in report["results"])
+    interval = next(r["speedup_interval"] for r in report["results"] if (r["strategy"], r["category"]) == ("auto", "all"))
+    assert len(interval) == 2 and 0 < interval[0] <= interval[1]

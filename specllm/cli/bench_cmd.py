@@ -62,7 +62,8 @@ def bench(
     if any(s in ("draft", "ngram+draft") for s in chosen) and engine.draft is None:
         chosen = [s for s in chosen if s not in ("draft", "ngram+draft")]
         c.warn("no draft model: skipping the draft and ngram+draft strategies")
-    c.stderr.print("measuring the verification cost curve ...")
+    if not engine.costs_known():
+        c.stderr.print("measuring the verification cost curve (once for these models, ~20-30 s) ...")
     costs = engine.costs()
     settings = BenchSettings(chosen, max_tokens, params, seed, repeats, warm)
     runs, partial = _collect(engine, workload, settings)
