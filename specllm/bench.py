@@ -203,6 +203,18 @@ def _speedup_interval(group: list[Run], off: list[Run]) -> list[float] | None:
     return [round(math.exp(mean - half), 3), round(math.exp(mean + half), 3)]
 
 
+def parting_points(runs: list[Run]) -> dict[int, int]:
+    """For every run whose tokens differ from off's run of the same prompt and repeat: the index of
+    the first token that differs (keyed by id(run)), where a near tie may have flipped."""
+    reference = {(r.prompt.id, r.repeat): r.tokens for r in runs if r.strategy == "off"}
+    parts = {}
+    for run in runs:
+        plain = reference.get((run.prompt.id, run.repeat))
+        if plain is not None and run.tokens != plain:
+            parts[id(run)] = next((i for i, (a, b) in enumerate(zip(run.tokens, plain)) if a != b), min(len(run.tokens), len(plain)))
+    return parts
+
+
 def _identical(group: list[Run], off: list[Run]) -> int:
     """How many runs produced exactly off's tokens (a near-tie flipped by batched kernels breaks this)."""
     reference = {(r.prompt.id, r.repeat): r.tokens for r in off}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from specllm.bench import BenchSettings, Run, expected_speedup, oracle_cost, plain_cost, run_bench, summarize
+from specllm.bench import BenchSettings, Run, expected_speedup, oracle_cost, parting_points, plain_cost, run_bench, summarize
 from specllm.cli import app
 from specllm.costmodel import LEARNING_RATE, CostModel, measure_costs
 from specllm.decode import Decoder, fixed_budget
@@ -78,6 +78,7 @@ def test_summary_arithmetic():
     assert a["acceptance_rate"] == 0.75 and a["mean_accepted_length"] == 2.5
     assert a["identical_to_off"] is True
     assert rows[("b", "ngram")]["identical_to_off"] is False
+    assert parting_points(runs) == {id(runs[3]): 9}  # where b's ngram run parted from off
     assert rows[("b", "ngram")]["speedup"] == 0.5
     everything = rows[("all", "ngram")]
     assert everything["tokens"] == 20 and everything["speedup"] == pytest.approx(20 / 5 / (20 / 4), abs=1e-3)
@@ -228,3 +229,4 @@ def test_bench_cli_short_real_run_writes_the_json_schema(tmp_path, smollm2_path)
     assert all(r["identical_to_off"] for r in report["results"])
     interval = next(r["speedup_interval"] for r in report["results"] if (r["strategy"], r["category"]) == ("auto", "all"))
     assert len(interval) == 2 and 0 < interval[0] <= interval[1]
+    assert all("parts_from_off_at" in run for run in report["runs"])

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specllm.backend import system_info
-from specllm.bench import BenchSettings, run_bench, summarize
+from specllm.bench import BenchSettings, parting_points, run_bench, summarize
 from specllm.cli import app
 from specllm.cli import common as c
 from specllm.errors import SpecllmError, UsageError
@@ -169,6 +169,7 @@ def _curve_line(costs) -> str:
 
 
 def _report(engine, settings, costs, rows, runs, workload, partial, prompts_file) -> dict:
+    parts = parting_points(runs)
     return {
         "partial": partial,
         "machine": {
@@ -201,7 +202,8 @@ def _report(engine, settings, costs, rows, runs, workload, partial, prompts_file
         "draft_cost_relative": round(costs.draft_seconds / costs.verify(1), 3) if costs.draft_seconds else None,
         "results": rows,
         "runs": [
-            {"prompt": r.prompt.id, "category": r.prompt.category, "strategy": r.strategy, "repeat": r.repeat, **r.stats.to_dict()}
+            {"prompt": r.prompt.id, "category": r.prompt.category, "strategy": r.strategy, "repeat": r.repeat, **r.stats.to_dict(),
+             "parts_from_off_at": parts.get(id(r)) if settings.params.greedy else None}  # fmt: skip
             for r in runs
         ],
     }
