@@ -10,7 +10,8 @@ each step we maximise  E[committed] - R * E[seconds]  using
     output), how far the context agrees with it, and whether the previous draft was fully
     accepted; each further token by how drafted tokens after an accepted one have fared at
     the same depth into the copy (a copy that has run 16 tokens is likelier to run on than
-    one that has run 4). The draft model's tokens are judged by its own confidence. Beta priors keep early estimates sane.
+    one that has run 4). The draft model's tokens are judged by its own confidence. Beta
+    priors keep early estimates sane.
 With flat verification costs (a GPU) this drafts long; with steep costs and poor acceptance
 it stops drafting; it consults the draft model only while that has been paying.
 """
@@ -84,7 +85,7 @@ class CostAwarePolicy:
         self.output_start: int | None = None  # where this generation's own output begins (None: not known)
         self.first: dict[tuple[str, int, bool], Beta] = {}  # by (kind, span bucket, last_full)
         self.first_pool = Beta.prior(FIRST_PRIOR)  # every first token: the prior of kinds not seen yet
-        self.continuation: dict[tuple[str, int], Beta] = {}  # by (unique or repeated, depth bucket)
+        self.continuation: dict[tuple[str, int], Beta] = {}  # by (unique, repeated or own, depth bucket)
         self.ngram_accepted = 0  # n-gram tokens accepted in this generation: how long a draft may be
         self.last_full = True  # was the previous draft fully accepted?
         self.confidence = [Beta.prior(min(0.95, (lo + hi) / 2)) for lo, hi in zip(CONFIDENCE_EDGES, CONFIDENCE_EDGES[1:])]
