@@ -22,7 +22,7 @@ class Draft:
     tokens: list[int]
     q_draft: np.ndarray | None  # (len(tokens), V) warped draft probabilities; None means one-hot
     source: str  # "ngram" or "draft"
-    match_length: int = 0  # n-gram: how many tokens of context agree (the match's span); draft model: 0
+    span: int = 0  # n-gram: how many tokens of context agree with the copied text; draft model: 0
 
 
 class Drafter(Protocol):
