@@ -102,6 +102,7 @@ def _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy) -> di
         _merge(total, run.stats)
     tok_s = _tok_per_s(group)
     speedup = tok_s / off_tok_s if off_tok_s else None
+    identical = sum(run.tokens == plain.tokens for run, plain in _paired(group, off)) if greedy and off else None
     row = {
         "strategy": strategy,
         "category": category,
@@ -123,8 +124,8 @@ def _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy) -> di
             for k, v in total.by_source.items()
         },
         "undrafted_passes": total.target_passes - sum(v.steps for v in total.by_source.values()),
-        "identical_to_off": _identical(group, off) == len(group) if greedy and off else None,
-        "identical_prompts": f"{_identical(group, off)}/{len(group)}" if greedy and off else None,
+        "identical_to_off": identical == len(group) if identical is not None else None,
+        "identical_prompts": f"{identical}/{len(group)}" if identical is not None else None,
         "oracle_speedup": round(oracle, 3) if oracle else None,
         "share_of_oracle": round(speedup / oracle, 3) if oracle and speedup else None,
     }
@@ -160,12 +161,11 @@ def _speedup_range(group: list[Run], off: list[Run]) -> list[float] | None:
     On a busy or throttling machine a run's speed drifts by several percent; a category's speedup
     whose range spans 1.0 cannot tell a small loss from noise. None with fewer than two pairs.
     """
-    reference = {(r.prompt.id, r.repeat): r for r in off}
-    ratios = []
-    for run in group:
-        plain = reference.get((run.prompt.id, run.repeat))
-        if plain is not None and run.stats.seconds and plain.stats.seconds and plain.stats.tokens:
-            ratios.append(_tok_per_s([run]) / _tok_per_s([plain]))
+    ratios = [
+        _tok_per_s([run]) / _tok_per_s([plain])
+        for run, plain in _paired(group, off)
+        if run.stats.seconds and plain.stats.seconds and plain.stats.tokens
+    ]
     return [round(min(ratios), 3), round(max(ratios), 3)] if len(ratios) >= 2 else None
 
 
@@ -182,19 +182,14 @@ def _speedup_interval(group: list[Run], off: list[Run]) -> list[float] | None:
     a gap of a few percent is timing noise. None with fewer than two complete repeats.
     """
     prompts = {r.prompt.id for r in group}
-    mine: dict[int, list[Run]] = {}
-    plain: dict[int, list[Run]] = {}
-    for run in group:
-        mine.setdefault(run.repeat, []).append(run)
-    for run in off:
-        plain.setdefault(run.repeat, []).append(run)
+    mine, plain = _by_repeat(group), _by_repeat(off)
     logs = []
     for repeat, runs in mine.items():
         reference = plain.get(repeat, [])
         if {r.prompt.id for r in runs} == prompts == {r.prompt.id for r in reference}:
-            ratio = _tok_per_s(runs) / _tok_per_s(reference) if _tok_per_s(reference) else 0.0
-            if ratio > 0:
-                logs.append(math.log(ratio))
+            measured, baseline = _tok_per_s(runs), _tok_per_s(reference)
+            if measured > 0 and baseline > 0:
+                logs.append(math.log(measured / baseline))
     if len(logs) < 2:
         return None
     mean, sd = float(np.mean(logs)), float(np.std(logs, ddof=1))
@@ -206,19 +201,28 @@ def _speedup_interval(group: list[Run], off: list[Run]) -> list[float] | None:
 def parting_points(runs: list[Run]) -> dict[int, int]:
     """For every run whose tokens differ from off's run of the same prompt and repeat: the index of
     the first token that differs (keyed by id(run)), where a near tie may have flipped."""
-    reference = {(r.prompt.id, r.repeat): r.tokens for r in runs if r.strategy == "off"}
     parts = {}
-    for run in runs:
-        plain = reference.get((run.prompt.id, run.repeat))
-        if plain is not None and run.tokens != plain:
-            parts[id(run)] = next((i for i, (a, b) in enumerate(zip(run.tokens, plain)) if a != b), min(len(run.tokens), len(plain)))
+    for run, plain in _paired(runs, [r for r in runs if r.strategy == "off"]):
+        if run.tokens != plain.tokens:
+            differ = (i for i, (a, b) in enumerate(zip(run.tokens, plain.tokens)) if a != b)
+            parts[id(run)] = next(differ, min(len(run.tokens), len(plain.tokens)))
     return parts
 
 
-def _identical(group: list[Run], off: list[Run]) -> int:
-    """How many runs produced exactly off's tokens (a near-tie flipped by batched kernels breaks this)."""
-    reference = {(r.prompt.id, r.repeat): r.tokens for r in off}
-    return sum(r.tokens == reference.get((r.prompt.id, r.repeat)) for r in group)
+def _paired(group: list[Run], off: list[Run]) -> Iterator[tuple[Run, Run]]:
+    """Each run with off's run of the same prompt and repeat (runs without one are left out)."""
+    reference = {(r.prompt.id, r.repeat): r for r in off}
+    for run in group:
+        plain = reference.get((run.prompt.id, run.repeat))
+        if plain is not None:
+            yield run, plain
+
+
+def _by_repeat(runs: list[Run]) -> dict[int, list[Run]]:
+    grouped: dict[int, list[Run]] = {}
+    for run in runs:
+        grouped.setdefault(run.repeat, []).append(run)
+    return grouped
 
 
 def _expected(total: Stats, costs: CostModel | None) -> float | None:

@@ -167,7 +167,8 @@ class ChainDrafter:
             drafter.commit(history)
 
     def start(self, prompt: list[int]) -> None:
-        self.commit(prompt)
+        for drafter in self.drafters:
+            drafter.start(prompt)
 
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         pass  # fixed drafters do not learn
