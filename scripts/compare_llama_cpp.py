@@ -23,9 +23,9 @@ def main() -> None:
     import llama_cpp
 
     from specllm.backend import LoadOptions
-    from specllm.decode import Done
-    from specllm.registry import resolve_model
-    from specllm.sampling import SamplingParams
+    from specllm.engine.decode import Done
+    from specllm.engine.sampling import SamplingParams
+    from specllm.models.store import resolve_model
     from specllm.session import Engine, ModelPaths, SpecConfig
 
     path = resolve_model(args.model)

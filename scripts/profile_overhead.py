@@ -24,9 +24,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from specllm.backend import LlamaBackend, LoadOptions
-    from specllm.decode import Done, PrefillDone
-    from specllm.registry import load_registry, resolve_model, resolve_preset_draft
-    from specllm.sampling import SamplingParams
+    from specllm.engine.decode import Done, PrefillDone
+    from specllm.engine.sampling import SamplingParams
+    from specllm.models.catalog import load_registry, resolve_preset_draft
+    from specllm.models.store import resolve_model
     from specllm.session import Engine, ModelPaths, SpecConfig
 
     rows = [json.loads(line) for line in open(args.prompts)]

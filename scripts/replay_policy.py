@@ -29,11 +29,12 @@ sys.path.insert(0, str(ROOT))
 
 def record(args) -> None:
     from specllm.backend import LoadOptions
-    from specllm.decode import Done
-    from specllm.registry import load_registry, resolve_model
-    from specllm.sampling import SamplingParams
+    from specllm.bench.workloads import load_prompts
+    from specllm.engine.decode import Done
+    from specllm.engine.sampling import SamplingParams
+    from specllm.models.catalog import load_registry
+    from specllm.models.store import resolve_model
     from specllm.session import Engine, ModelPaths, SpecConfig
-    from specllm.workloads import load_prompts
 
     registry = load_registry()
     engine = Engine(ModelPaths(resolve_model(registry.default, registry)), SpecConfig("off"), LoadOptions(n_ctx=4096), LoadOptions())
@@ -87,12 +88,12 @@ class ReplayBackend:
 
 def simulate(data: dict, costs, draft_max: int, verbose: bool = False) -> dict[str, list[float]]:
     """Per category: [plain seconds, auto's seconds, oracle seconds, prompts]."""
-    from specllm import decode, policy
-    from specllm.bench import oracle_cost, plain_cost
-    from specllm.decode import Decoder, Done, PrefillDone
-    from specllm.drafters import NgramDrafter
-    from specllm.policy import AutoDrafter, CostAwarePolicy
-    from specllm.sampling import SamplingParams
+    from specllm.bench.harness import oracle_cost, plain_cost
+    from specllm.engine import decode, policy
+    from specllm.engine.decode import Decoder, Done, PrefillDone
+    from specllm.engine.drafters import NgramDrafter
+    from specllm.engine.policy import AutoDrafter, CostAwarePolicy
+    from specllm.engine.sampling import SamplingParams
 
     clock = Clock()
     by_category: dict[str, list[float]] = {}
@@ -126,7 +127,7 @@ def simulate(data: dict, costs, draft_max: int, verbose: bool = False) -> dict[s
 
 
 def load_curve(path: str, max_batch: int):
-    from specllm.costmodel import CostModel
+    from specllm.engine.costmodel import CostModel
 
     report = json.loads(Path(path).read_text())
     curve = {c["batch"]: c["ms"] / 1000 for c in report["verify_cost"] if c["batch"] <= max_batch}

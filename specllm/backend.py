@@ -3,7 +3,7 @@
 A `LlamaBackend` holds one model and one context with a single sequence. `evaluate`
 appends tokens to the KV cache and returns logits only for the rows asked for (per-token
 logits flags), `rewind` drops the KV cache after a position. Everything above this module
-talks to the small `Backend` protocol, so tests can swap in a fake model.
+talks to the small `Backend` protocol (`specllm.engine.protocol`), so tests can swap in a fake model.
 """
 
 from __future__ import annotations
@@ -12,29 +12,12 @@ import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from specllm.engine.protocol import Backend  # noqa: F401 - the protocol this module implements
 from specllm.errors import SpecllmError
-
-
-class Backend(Protocol):
-    """What the decode loop needs from a model."""
-
-    n_vocab: int
-    n_ctx: int
-    n_past: int  # tokens held in the KV cache
-
-    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]: ...
-
-    def token_bytes(self, token: int) -> bytes: ...
-
-    def is_eog(self, token: int) -> bool: ...
-
-    def evaluate(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray: ...
-
-    def rewind(self, n_past: int) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import re
 import secrets
 from dataclasses import dataclass, field, replace
 
+from specllm.engine.sampling import SamplingParams
 from specllm.errors import UsageError
-from specllm.sampling import SamplingParams
 
 
 def encode_raw(backend, text: str) -> list[int]:

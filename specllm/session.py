@@ -9,14 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from specllm import ggufinfo
 from specllm.backend import LlamaBackend, LoadOptions, system_info
 from specllm.chat import encode_messages, encode_raw
-from specllm.costmodel import CALIBRATION_METHOD, CostModel, batch_sizes, load_costs, measure_costs, save_costs
-from specllm.decode import Decoder, fixed_budget
-from specllm.drafters import ChainDrafter, ModelDrafter, NgramDrafter
+from specllm.engine.costmodel import (
+    CALIBRATION_METHOD,
+    CostModel,
+    batch_sizes,
+    load_costs,
+    measure_costs,
+    save_costs,
+)
+from specllm.engine.decode import Decoder, fixed_budget
+from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
+from specllm.engine.policy import AutoDrafter, CostAwarePolicy
 from specllm.errors import SpecllmError, UsageError
-from specllm.policy import AutoDrafter, CostAwarePolicy
+from specllm.models import gguf
 
 STRATEGIES = ("auto", "off", "ngram", "draft", "ngram+draft")
 VOCAB_SIZE_TOLERANCE = 128  # as llama.cpp's speculative example allows
@@ -69,10 +76,10 @@ class Engine:
     ):
         self.spec = spec.validate()
         self.cost_cache = cost_cache
-        target_info = ggufinfo.inspect(paths.target)
+        target_info = gguf.inspect(paths.target)
         draft_info = None
         if paths.draft is not None and spec.uses_draft_model:
-            draft_info = ggufinfo.inspect(paths.draft)
+            draft_info = gguf.inspect(paths.draft)
             check_vocab_metadata(target_info, draft_info)
         if spec.strategy == "draft" and draft_info is None:
             raise UsageError("--spec draft needs a draft model: pass --draft PATH or a preset that has one")
@@ -140,7 +147,7 @@ class Engine:
                 model.close()
 
 
-def check_vocab_metadata(target: ggufinfo.GGUFInfo, draft: ggufinfo.GGUFInfo) -> None:
+def check_vocab_metadata(target: gguf.GGUFInfo, draft: gguf.GGUFInfo) -> None:
     """Cheap checks from the headers: tokenizer type, special tokens, vocabulary size."""
     problem = None
     for key in ("tokenizer.ggml.model", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):

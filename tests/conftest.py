@@ -1,6 +1,6 @@
 """Shared fixtures: tiny generated GGUFs, and real models fetched through the project's own code.
 
-Real models come from `specllm.registry.resolve_model` (the verified cache, downloading on first
+Real models come from `specllm.models.store.resolve_model` (the verified cache, downloading on first
 use). A failed fetch is an error in the test, never a skip: a real-model test that silently
 skips is a gap, not a pass.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specllm.registry import resolve_model
+from specllm.models.store import resolve_model
 from tests.tiny_gguf import write_tiny_gguf
 
 DRAFT_NOISE = 0.1  # the tiny draft's weights: the target's plus this much noise (partial agreement)

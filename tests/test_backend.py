@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specllm import ggufinfo
 from specllm.backend import ContextFull, LlamaBackend, LoadOptions
-from specllm.decode import _TextStream, generate_plain
+from specllm.engine.decode import _TextStream, generate_plain
+from specllm.engine.sampling import SamplingParams
 from specllm.errors import SpecllmError
-from specllm.sampling import SamplingParams
+from specllm.models import gguf
 from tests.tiny_gguf import truncate_in_header, truncate_in_tensor_data, write_unknown_architecture
 
 ATOL = 1e-3  # logits have a standard deviation of ~6; f32 kernels differ by ~1e-5
@@ -160,14 +160,14 @@ def broken(tmp_path_factory, target_path, smollm2_path):
 def test_inspect_names_the_file_in_one_line(broken, kind):
     path, words = broken[kind]
     with pytest.raises(SpecllmError) as caught:
-        ggufinfo.inspect(path)
+        gguf.inspect(path)
     message = str(caught.value)
     assert str(path) in message and words in message
     assert "\n" not in message
 
 
 def test_inspect_reads_a_good_file(target_path):
-    info = ggufinfo.inspect(target_path)
+    info = gguf.inspect(target_path)
     assert info.architecture == "llama"
     assert info.n_tokens == 49152 and info.tensor_count == 2 + 9 * 2 + 1
     assert info.metadata["tokenizer.ggml.model"] == "gpt2"
@@ -175,7 +175,7 @@ def test_inspect_reads_a_good_file(target_path):
 
 def test_unknown_architecture_passes_inspect_but_llama_cpp_refuses_it(broken):
     path, _ = broken["unknown architecture"]
-    assert ggufinfo.inspect(path).architecture == "nonsense"
+    assert gguf.inspect(path).architecture == "nonsense"
     with pytest.raises(SpecllmError, match="could not load") as caught:
         _load(path)
     assert str(path) in str(caught.value)

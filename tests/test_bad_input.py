@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from specllm.backend import LoadOptions
-from specllm.registry import resolve_model
-from specllm.sampling import SamplingParams
+from specllm.engine.sampling import SamplingParams
+from specllm.models.store import resolve_model
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.tiny_gguf import truncate_in_header, truncate_in_tensor_data, write_tiny_gguf, write_unknown_architecture
 
@@ -359,7 +359,7 @@ def test_unexpected_failure_is_still_one_line(home, tiny_pair, tmp_path):
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
-        "import specllm.sampling as s\n"
+        "import specllm.engine.sampling as s\n"
         "s.SamplingParams.validate = lambda self: (_ for _ in ()).throw(ZeroDivisionError('boom'))\n"
     )
     env = home | {"PYTHONPATH": f"{hook}{os.pathsep}{home['PYTHONPATH']}"}

@@ -6,14 +6,23 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from specllm.bench import BenchSettings, Run, expected_speedup, oracle_cost, parting_points, plain_cost, run_bench, summarize
+from specllm.bench.harness import (
+    BenchSettings,
+    Run,
+    expected_speedup,
+    oracle_cost,
+    parting_points,
+    plain_cost,
+    run_bench,
+    summarize,
+)
+from specllm.bench.workloads import Prompt, load_prompts
 from specllm.cli import app
-from specllm.costmodel import LEARNING_RATE, CostModel, measure_costs
-from specllm.decode import Decoder, fixed_budget
-from specllm.drafters import NgramDrafter
-from specllm.sampling import SamplingParams
-from specllm.stats import SourceStats, Stats
-from specllm.workloads import Prompt, load_prompts
+from specllm.engine.costmodel import LEARNING_RATE, CostModel, measure_costs
+from specllm.engine.decode import Decoder, fixed_budget
+from specllm.engine.drafters import NgramDrafter
+from specllm.engine.sampling import SamplingParams
+from specllm.engine.stats import SourceStats, Stats
 from tests.fakes import FakeBackend
 
 COSTS = CostModel({1: 0.1, 2: 0.15, 4: 0.2, 8: 0.3})

@@ -21,10 +21,10 @@ from specllm.chat import (
     help_text,
     parse_command,
 )
-from specllm.decode import Decoder, Done, PrefillDone, fixed_budget, generate_plain
-from specllm.drafters import ChainDrafter, ModelDrafter, NgramDrafter
+from specllm.engine.decode import Decoder, Done, PrefillDone, fixed_budget, generate_plain
+from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
+from specllm.engine.sampling import SamplingParams
 from specllm.errors import UsageError
-from specllm.sampling import SamplingParams
 from tests.fakes import FakeBackend
 
 GREEDY = SamplingParams(temperature=0.0)

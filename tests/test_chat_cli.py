@@ -11,7 +11,6 @@ import re
 import signal
 
 import numpy as np
-
 import pytest
 from typer.testing import CliRunner
 
@@ -19,7 +18,7 @@ from specllm.chat import ChatSettings, Conversation, encode_messages
 from specllm.cli import app
 from specllm.cli import common as c
 from specllm.cli.chat_loop import LEAVE_HINT, ChatLoop
-from specllm.sampling import SamplingParams
+from specllm.engine.sampling import SamplingParams
 from tests.test_chat import FakeEngine, reference_reply
 
 GREEDY_FLAGS = ["--temp", "0", "-n", "6"]

@@ -3,12 +3,12 @@ import itertools
 import numpy as np
 import pytest
 
-from specllm.costmodel import CostModel
-from specllm.policy import AutoDrafter, CostAwarePolicy
-from specllm.decode import Decoder, Done, PrefillDone, StepDone, TokenCommitted, fixed_budget, generate_plain
-from specllm.drafters import ChainDrafter, ModelDrafter, NgramDrafter
-from specllm.sampling import SamplingParams, warp
-from specllm.stats import Stats
+from specllm.engine.costmodel import CostModel
+from specllm.engine.decode import Decoder, Done, PrefillDone, StepDone, TokenCommitted, fixed_budget, generate_plain
+from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
+from specllm.engine.policy import AutoDrafter, CostAwarePolicy
+from specllm.engine.sampling import SamplingParams, warp
+from specllm.engine.stats import Stats
 from tests.fakes import FakeBackend
 from tests.stat_helpers import chi_square_pvalue
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from specllm import hub
 from specllm.cli import bench_cmd, main
 from specllm.cli.interrupt import Terminated
 from specllm.errors import SpecllmError
-from specllm.registry import Mirror
+from specllm.models import hub
+from specllm.models.catalog import Mirror
 from tests.test_bad_input import ROOT, assert_one_error, cache_leftovers, home, specllm  # noqa: F401 - home is a fixture
 from tests.test_hub import DATA, build_wheel, chunked_wheels, entry_for, leftovers
 

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from specllm import hub
 from specllm.errors import SpecllmError
-from specllm.registry import Mirror, ModelEntry
+from specllm.models import hub
+from specllm.models.catalog import Mirror, ModelEntry
 
 DATA = bytes(range(256)) * 40 + b"tail"  # 10244 bytes, split over three wheels
 

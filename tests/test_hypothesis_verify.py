@@ -13,8 +13,8 @@ import numpy as np
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from specllm.sampling import SamplingParams, sample, warp
-from specllm.verify import Verdict, residual, verify_sampled
+from specllm.engine.sampling import SamplingParams, sample, warp
+from specllm.engine.verify import Verdict, residual, verify_sampled
 from tests.stat_helpers import chi_square_pvalue
 
 EXACT = 1e-9

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from specllm.backend import LoadOptions
-from specllm.decode import Done, StepDone, generate_plain
-from specllm.sampling import SamplingParams
+from specllm.engine.decode import Done, StepDone, generate_plain
+from specllm.engine.sampling import SamplingParams
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.fakes import LogitsRecorder
 

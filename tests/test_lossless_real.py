@@ -19,10 +19,10 @@ import pytest
 
 from specllm.backend import LlamaBackend, LoadOptions
 from specllm.chat import encode_messages
-from specllm.decode import Decoder, Done, StepDone, fixed_budget, generate_plain
-from specllm.drafters import ChainDrafter, ModelDrafter, NgramDrafter
+from specllm.engine.decode import Decoder, Done, StepDone, fixed_budget, generate_plain
+from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
+from specllm.engine.sampling import SamplingParams, warp
 from specllm.errors import SpecllmError
-from specllm.sampling import SamplingParams, warp
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.fakes import LogitsRecorder
 from tests.stat_helpers import chi_square_pvalue

@@ -1,4 +1,4 @@
-from specllm.ngram import NgramCache
+from specllm.engine.ngram import NgramCache
 
 
 def test_proposes_continuation_of_latest_match():

@@ -2,12 +2,12 @@
 
 import numpy as np
 
-from specllm.costmodel import CostModel
-from specllm.decode import Decoder, generate_plain
-from specllm.drafters import Draft, ModelDrafter, NgramDrafter
-from specllm.ngram import NgramProposal
-from specllm.policy import AutoDrafter, CostAwarePolicy
-from specllm.sampling import SamplingParams
+from specllm.engine.costmodel import CostModel
+from specllm.engine.decode import Decoder, generate_plain
+from specllm.engine.drafters import Draft, ModelDrafter, NgramDrafter
+from specllm.engine.ngram import NgramProposal
+from specllm.engine.policy import AutoDrafter, CostAwarePolicy
+from specllm.engine.sampling import SamplingParams
 from tests.fakes import FakeBackend
 
 GPU = CostModel({k: 0.010 + 0.0001 * k for k in (1, 2, 4, 8, 16, 32)}, draft_seconds=0.002)

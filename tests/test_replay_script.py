@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specllm import decode, policy
-from specllm.costmodel import CostModel
+from specllm.engine import decode, policy
+from specllm.engine.costmodel import CostModel
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "replay_policy.py"
 

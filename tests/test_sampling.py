@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 from scipy import stats as scistats
 
+from specllm.engine.sampling import SamplingParams, argmax, sample, warp
 from specllm.errors import UsageError
-from specllm.sampling import SamplingParams, argmax, sample, warp
 
 
 def test_temperature_only_is_softmax():

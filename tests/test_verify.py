@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from specllm.sampling import SamplingParams, sample
-from specllm.verify import residual, verify, verify_greedy, verify_sampled
+from specllm.engine.sampling import SamplingParams, sample
+from specllm.engine.verify import residual, verify, verify_greedy, verify_sampled
 from tests.stat_helpers import chi_square_pvalue
 
 

@@ -8,29 +8,11 @@ import sys
 
 import typer
 
+# Each module registers its commands on `app`.
+from specllm.cli import bench_cmd, chat_cmd, models_cmd, run_cmd  # noqa: E402,F401 - each registers its commands
+from specllm.cli.app import app
 from specllm.cli.interrupt import Terminated
 from specllm.errors import SpecllmError, UsageError
-
-app = typer.Typer(
-    name="specllm",
-    help="Lossless speculative decoding for local GGUF models.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-# Each module registers its commands on `app`.
-from specllm.cli import models_cmd, run_cmd  # noqa: E402,F401
-
-try:  # commands that may not exist yet in a partial checkout stay optional
-    from specllm.cli import chat_cmd  # noqa: F401
-except ImportError:  # pragma: no cover
-    pass
-try:
-    from specllm.cli import bench_cmd  # noqa: F401
-except ImportError:  # pragma: no cover
-    pass
-
 
 # Typer re-exports click's exception classes, or (Typer >= 0.2x, which no longer needs click) those
 # of the click copy it vendors: take them from Typer, so either kind of install is mapped.

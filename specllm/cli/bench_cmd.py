@@ -14,12 +14,13 @@ from rich.console import Console
 from rich.table import Table
 
 from specllm.backend import system_info
-from specllm.bench import BenchSettings, parting_points, run_bench, summarize
-from specllm.cli import app
+from specllm.bench.harness import BenchSettings, parting_points, run_bench, summarize
+from specllm.bench.workloads import load_prompts
 from specllm.cli import common as c
+from specllm.cli import options as o
+from specllm.cli.app import app
 from specllm.errors import SpecllmError, UsageError
 from specllm.session import STRATEGIES, SpecConfig
-from specllm.workloads import load_prompts
 
 
 @app.command()
@@ -28,30 +29,30 @@ def bench(
     categories: Annotated[Optional[str], typer.Option("--categories", help="Comma-separated categories to keep.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="At most this many prompts per category.")] = None,
     strategies: Annotated[str, typer.Option("--strategies", help=f"Comma-separated, from {', '.join(STRATEGIES)}; `off` always runs as the reference.")] = "ngram,auto",
-    max_tokens: c.MaxTokens = 128,
-    temp: c.Temp = 0.0,
+    max_tokens: o.MaxTokens = o.BENCH_MAX_TOKENS,
+    temp: o.Temp = o.BENCH_TEMP,
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
     repeats: Annotated[int, typer.Option("--repeats", help="Runs of every prompt per strategy.")] = 1,
     warm: Annotated[bool, typer.Option("--warm", help="Keep KV and n-gram state between prompts (inflates results).")] = False,
     json_file: Annotated[Optional[Path], typer.Option("--json", help="Write everything as JSON to this file.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG chart (needs matplotlib).")] = None,
-    model: c.Model = None,
-    draft: c.Draft = None,
-    draft_max: c.DraftMax = 8,
-    draft_p_min: c.DraftPMin = 0.6,
-    ngram_min: c.NgramMin = 2,
-    ngram_max: c.NgramMax = 4,
-    ctx_size: c.CtxSize = 4096,
-    threads: c.Threads = None,
-    gpu_layers: c.GpuLayers = -1,
-    gpu_layers_draft: c.GpuLayersDraft = -1,
+    model: o.Model = None,
+    draft: o.Draft = None,
+    draft_max: o.DraftMax = o.SPEC.draft_max,
+    draft_p_min: o.DraftPMin = o.SPEC.draft_p_min,
+    ngram_min: o.NgramMin = o.SPEC.ngram_min,
+    ngram_max: o.NgramMax = o.SPEC.ngram_max,
+    ctx_size: o.CtxSize = o.LOAD.n_ctx,
+    threads: o.Threads = o.LOAD.n_threads,
+    gpu_layers: o.GpuLayers = o.LOAD.n_gpu_layers,
+    gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
 ) -> None:
     """Measure plain decoding against each speculation strategy on the same prompts."""
-    c.check_common(max_tokens, ctx_size, threads)
+    o.check_common(max_tokens, ctx_size, threads)
     if repeats < 1 or (limit is not None and limit < 1):
         raise UsageError("--repeats and --limit must be at least 1")
     chosen = _strategies(strategies)
-    params = c.sampling_params(temp, 40, 0.95, 0.05, seed)
+    params = o.sampling_params(temp, o.SAMPLING.top_k, o.SAMPLING.top_p, o.SAMPLING.min_p, seed)
     if plot is not None:
         _check_matplotlib()
     for flag, target in (("--json", json_file), ("--plot", plot)):

@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 
 from specllm.chat import ChatSettings, Conversation
-from specllm.cli import app
 from specllm.cli import common as c
+from specllm.cli import options as o
+from specllm.cli.app import app
 from specllm.cli.chat_loop import ChatLoop, script_reader, terminal_reader
 from specllm.cli.display import use_colour
 from specllm.session import SpecConfig
@@ -17,34 +18,34 @@ from specllm.session import SpecConfig
 
 @app.command()
 def chat(
-    model: c.Model = None,
-    draft: c.Draft = None,
-    spec: c.Spec = "auto",
-    draft_max: c.DraftMax = 8,
-    draft_p_min: c.DraftPMin = 0.6,
-    ngram_min: c.NgramMin = 2,
-    ngram_max: c.NgramMax = 4,
+    model: o.Model = None,
+    draft: o.Draft = None,
+    spec: o.Spec = o.SPEC.strategy,
+    draft_max: o.DraftMax = o.SPEC.draft_max,
+    draft_p_min: o.DraftPMin = o.SPEC.draft_p_min,
+    ngram_min: o.NgramMin = o.SPEC.ngram_min,
+    ngram_max: o.NgramMax = o.SPEC.ngram_max,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens per reply (/set max_tokens changes it).")] = 2048,
-    temp: c.Temp = 0.8,
-    top_k: c.TopK = 40,
-    top_p: c.TopP = 0.95,
-    min_p: c.MinP = 0.05,
-    seed: c.Seed = None,
-    ctx_size: c.CtxSize = 4096,
-    threads: c.Threads = None,
-    gpu_layers: c.GpuLayers = -1,
-    gpu_layers_draft: c.GpuLayersDraft = -1,
-    system: c.System = None,
+    temp: o.Temp = o.SAMPLING.temperature,
+    top_k: o.TopK = o.SAMPLING.top_k,
+    top_p: o.TopP = o.SAMPLING.top_p,
+    min_p: o.MinP = o.SAMPLING.min_p,
+    seed: o.Seed = o.SAMPLING.seed,
+    ctx_size: o.CtxSize = o.LOAD.n_ctx,
+    threads: o.Threads = o.LOAD.n_threads,
+    gpu_layers: o.GpuLayers = o.LOAD.n_gpu_layers,
+    gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
+    system: o.System = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No statistics on stderr.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="A summary after each reply even when stderr is not a terminal.")] = False,
-    color: c.Color = "auto",
+    color: o.Color = o.COLOR,
 ) -> None:
     """Chat with a model. Lines typed (or piped in) are messages; /help lists the commands.
 
     Replies go to stdout and nothing else does, so a script can drive a chat through a pipe.
     """
-    params = c.sampling_params(temp, top_k, top_p, min_p, seed)
-    c.check_common(max_tokens, ctx_size, threads)
+    params = o.sampling_params(temp, top_k, top_p, min_p, seed)
+    o.check_common(max_tokens, ctx_size, threads)
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     colour = use_colour(color, sys.stdout)
     interactive = sys.stdin.isatty()

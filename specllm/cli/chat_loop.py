@@ -25,12 +25,19 @@ from specllm.chat import (
     help_text,
     parse_command,
 )
-from specllm.cli.display import RESET, LiveStatus, TokenWriter, colour_allowed, status_text, summary_text
+from specllm.cli.display import (
+    RESET,
+    LiveStatus,
+    TokenWriter,
+    colour_allowed,
+    status_text,
+    summary_text,
+)
 from specllm.cli.interrupt import StopOnSignal
-from specllm.decode import Done, StepDone, TokenCommitted
+from specllm.engine.decode import Done, StepDone, TokenCommitted
+from specllm.engine.stats import Stats
 from specllm.errors import SpecllmError, UsageError
 from specllm.session import STRATEGIES
-from specllm.stats import Stats
 
 ReadLine = Callable[[str], str]  # returns a line without its newline; EOFError at the end
 PROMPT, CONTINUATION = ">>> ", "... "

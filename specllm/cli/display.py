@@ -12,7 +12,7 @@ import shutil
 import sys
 import time
 
-from specllm.stats import Stats
+from specllm.engine.stats import Stats
 
 SOURCE_STYLES = {"ngram": "\x1b[32m", "draft": "\x1b[36m"}  # green, cyan; the target's own tokens stay plain
 RESET = "\x1b[0m"

@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from specllm import hub, registry
-from specllm.cli import app
 from specllm.cli import common as c
+from specllm.cli.app import app
+from specllm.models import catalog, hub, store
 
 
 @app.command("models")
@@ -21,7 +21,7 @@ def models(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
     """List presets and models, and whether each model file is already in the cache."""
-    listing = describe_models(registry.load_registry())
+    listing = describe_models(catalog.load_registry())
     if as_json:
         sys.stdout.write(json.dumps(listing, indent=2) + "\n")
         return
@@ -39,11 +39,11 @@ def pull(
     ] = None,
 ) -> None:
     """Download a preset's target and draft models (or one model) into the cache and verify them."""
-    reg = registry.load_registry()
-    name = name or registry.default_preset(reg).name
-    for entry in registry.models_for(name, reg):
+    reg = catalog.load_registry()
+    name = name or catalog.default_preset(reg).name
+    for entry in catalog.models_for(name, reg):
         with c.download_progress() as progress:
-            path = registry.ensure_model(entry, progress=progress, warn=c.warn)
+            path = store.ensure_model(entry, progress=progress, warn=c.warn)
         _say(c.stderr, f"{entry.name}: {_size(entry.size)} ok  {path}")
 
 
@@ -52,12 +52,12 @@ def _say(console: Console, line: str) -> None:
     console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def describe_models(reg: registry.Registry) -> dict:
+def describe_models(reg: catalog.Registry) -> dict:
     """Everything `specllm models` shows, as plain data (the --json output)."""
-    cache = registry.cache_dir()
+    cache = catalog.cache_dir()
     models = []
     for entry in reg.models.values():
-        path = registry.model_path(entry, cache)
+        path = store.model_path(entry, cache)
         state = hub.cache_state(entry, path)
         models.append(
             {"name": entry.name, "file": entry.file, "size": entry.size, "sha256": entry.sha256,
@@ -69,7 +69,7 @@ def describe_models(reg: registry.Registry) -> dict:
         for p in reg.presets.values()
     ]  # fmt: skip
     return {"default": reg.default, "presets": presets, "models": models,
-            "cache_dir": str(cache), "user_file": str(registry.user_config_path())}  # fmt: skip
+            "cache_dir": str(cache), "user_file": str(catalog.user_config_path())}  # fmt: skip
 
 
 def _presets_table(listing: dict) -> Table:

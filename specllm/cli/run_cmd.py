@@ -9,45 +9,46 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
-from specllm.cli import app
 from specllm.cli import common as c
+from specllm.cli import options as o
+from specllm.cli.app import app
 from specllm.cli.display import LiveStatus, TokenWriter, summary_text, use_colour
 from specllm.cli.interrupt import StopOnSignal
-from specllm.decode import Done, StepDone, TokenCommitted
+from specllm.engine.decode import Done, StepDone, TokenCommitted
+from specllm.engine.stats import Stats
 from specllm.session import SpecConfig
-from specllm.stats import Stats
 
 
 @app.command()
 def run(
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="The prompt; piped stdin comes before it.")] = None,
-    model: c.Model = None,
-    draft: c.Draft = None,
-    spec: c.Spec = "auto",
-    draft_max: c.DraftMax = 8,
-    draft_p_min: c.DraftPMin = 0.6,
-    ngram_min: c.NgramMin = 2,
-    ngram_max: c.NgramMax = 4,
-    max_tokens: c.MaxTokens = 512,
-    temp: c.Temp = 0.8,
-    top_k: c.TopK = 40,
-    top_p: c.TopP = 0.95,
-    min_p: c.MinP = 0.05,
-    seed: c.Seed = None,
-    ctx_size: c.CtxSize = 4096,
-    threads: c.Threads = None,
-    gpu_layers: c.GpuLayers = -1,
-    gpu_layers_draft: c.GpuLayersDraft = -1,
-    system: c.System = None,
+    model: o.Model = None,
+    draft: o.Draft = None,
+    spec: o.Spec = o.SPEC.strategy,
+    draft_max: o.DraftMax = o.SPEC.draft_max,
+    draft_p_min: o.DraftPMin = o.SPEC.draft_p_min,
+    ngram_min: o.NgramMin = o.SPEC.ngram_min,
+    ngram_max: o.NgramMax = o.SPEC.ngram_max,
+    max_tokens: o.MaxTokens = o.MAX_TOKENS,
+    temp: o.Temp = o.SAMPLING.temperature,
+    top_k: o.TopK = o.SAMPLING.top_k,
+    top_p: o.TopP = o.SAMPLING.top_p,
+    min_p: o.MinP = o.SAMPLING.min_p,
+    seed: o.Seed = o.SAMPLING.seed,
+    ctx_size: o.CtxSize = o.LOAD.n_ctx,
+    threads: o.Threads = o.LOAD.n_threads,
+    gpu_layers: o.GpuLayers = o.LOAD.n_gpu_layers,
+    gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
+    system: o.System = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead of the text.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No statistics on stderr.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Closing statistics on stderr even when it is not a terminal.")] = False,
-    color: c.Color = "auto",
+    color: o.Color = o.COLOR,
 ) -> None:
     """Generate a reply to a prompt (and piped stdin), streaming plain text to stdout."""
-    params = c.sampling_params(temp, top_k, top_p, min_p, seed)
-    c.check_common(max_tokens, ctx_size, threads)
+    params = o.sampling_params(temp, top_k, top_p, min_p, seed)
+    o.check_common(max_tokens, ctx_size, threads)
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     colour = use_colour(color, sys.stdout) and not as_json
     text = c.read_prompt(prompt)

@@ -12,12 +12,12 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from specllm.costmodel import CostModel
-from specllm.decode import Done
-from specllm.ngram import NgramCache
-from specllm.sampling import SamplingParams
-from specllm.stats import Stats
-from specllm.workloads import Prompt
+from specllm.bench.workloads import Prompt
+from specllm.engine.costmodel import CostModel
+from specllm.engine.decode import Done
+from specllm.engine.ngram import NgramCache
+from specllm.engine.sampling import SamplingParams
+from specllm.engine.stats import Stats
 
 
 @dataclass

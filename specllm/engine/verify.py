@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specllm.sampling import SamplingParams, argmax, sample, warp
+from specllm.engine.sampling import SamplingParams, argmax, sample, warp
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,10 @@ import tempfile
 import threading
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from specllm.errors import SpecllmError
-
-if TYPE_CHECKING:
-    from specllm.registry import Mirror, ModelEntry
+from specllm.models.catalog import Mirror, ModelEntry
 
 Progress = Callable[[str, int, int], None]
 Report = Callable[[str, int], None]  # (description, done_bytes); the total is the model's size

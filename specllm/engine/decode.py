@@ -15,11 +15,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from specllm.backend import Backend
-from specllm.drafters import Draft, Drafter, common_prefix
+from specllm.engine.drafters import Draft, Drafter, common_prefix
+from specllm.engine.protocol import Backend
+from specllm.engine.sampling import SamplingParams, argmax, sample, warp
+from specllm.engine.verify import verify
 from specllm.errors import SpecllmError
-from specllm.sampling import SamplingParams, argmax, sample, warp
-from specllm.verify import verify
 
 # -- events ------------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
-"""models.toml: presets and models, the user's overrides, the cache location, and model resolution.
+"""models.toml: presets and models, the user's overrides, the cache location, and names to entries.
 
 The builtin registry ships inside the package; a user file (``$SPECLLM_CONFIG``, else
-``$XDG_CONFIG_HOME/specllm/models.toml``) replaces entries by name. Downloads go through `specllm.hub`.
+``$XDG_CONFIG_HOME/specllm/models.toml``) replaces entries by name. Downloads are `specllm.models.hub`'s; a name becomes a file in
+`specllm.models.store`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from specllm import hub
 from specllm.errors import SpecllmError
 
 try:
@@ -91,17 +91,12 @@ def user_config_path() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".config") / "specllm" / "models.toml"
 
 
-def model_path(entry: ModelEntry, cache: Path | None = None) -> Path:
-    """Where a model's file lives once downloaded: <cache>/models/<file>."""
-    return hub.model_path(entry, cache if cache is not None else cache_dir())
-
-
 # ---------------------------------------------------------------- loading
 
 
 def load_registry(user_path: Path | None = None) -> Registry:
     """The builtin registry merged with the user's file (if any); user entries win by name."""
-    registry = parse_registry(resources.files("specllm").joinpath("models.toml").read_text("utf-8"), BUILTIN)
+    registry = parse_registry(resources.files("specllm.models").joinpath("models.toml").read_text("utf-8"), BUILTIN)
     check_links(registry, registry, BUILTIN)
     path = user_path or user_config_path()
     if not path.exists():
@@ -321,24 +316,6 @@ def looks_like_path(spec: str) -> bool:
     return "/" in spec or os.sep in spec or spec.lower().endswith(".gguf")
 
 
-def resolve_model(
-    spec: str,
-    registry: Registry | None = None,
-    *,
-    fetch: bool = True,
-    progress: Progress | None = None,
-    warn: Warn | None = None,
-) -> Path:
-    """A local .gguf path, or the cached (downloaded if `fetch`) file of a preset's target or a model."""
-    path = Path(spec).expanduser()
-    if path.is_file() or (looks_like_path(spec) and path.exists()):
-        return path  # a directory or an unreadable file: ggufinfo.inspect says which
-    if looks_like_path(spec):
-        raise SpecllmError(f"model file not found: {spec}")
-    registry = registry or load_registry()
-    return ensure_model(find_model(spec, registry), fetch=fetch, progress=progress, warn=warn, pull_name=spec)
-
-
 def resolve_preset_draft(spec: str, registry: Registry | None = None) -> str | None:
     """The draft model name of a preset; None for paths, plain models and presets without a draft."""
     if Path(spec).expanduser().is_file() or looks_like_path(spec):
@@ -346,21 +323,3 @@ def resolve_preset_draft(spec: str, registry: Registry | None = None) -> str | N
     registry = registry or load_registry()
     preset = registry.presets.get(spec)
     return preset.draft if preset else None
-
-
-def ensure_model(
-    entry: ModelEntry,
-    *,
-    fetch: bool = True,
-    progress: Progress | None = None,
-    warn: Warn | None = None,
-    pull_name: str | None = None,
-) -> Path:
-    """The verified cached file of `entry`, downloading it first when `fetch` is true."""
-    if fetch:
-        return hub.fetch(entry, cache_dir(), progress, warn=warn)
-    path = model_path(entry)
-    if hub.verify_cached(entry, path, progress):
-        return path
-    state = "does not match its checksum" if path.exists() else "is not downloaded"
-    raise SpecllmError(f"model '{entry.name}' {state} ({path}); run `specllm pull {pull_name or entry.name}`")

@@ -23,7 +23,7 @@ def load_prompts(path: str | Path | None = None, categories: list[str] | None = 
     `limit` caps the prompts taken from each category, in file order.
     """
     if path is None:
-        text = resources.files("specllm.workloads").joinpath("builtin.jsonl").read_text("utf-8")
+        text = resources.files("specllm.bench").joinpath("builtin.jsonl").read_text("utf-8")
         source = "built-in workloads"
     else:
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specllm.decode import Done, PrefillDone, StepDone, TokenCommitted
+from specllm.engine.decode import Done, PrefillDone, StepDone, TokenCommitted
 
 
 @dataclass

@@ -24,7 +24,7 @@ class NgramProposal:
 
 
 class NgramCache:
-    def __init__(self, n_min: int = 2, n_max: int = 4):
+    def __init__(self, n_min: int, n_max: int):
         if not 1 <= n_min <= n_max:
             raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}, {n_max}")
         self.n_min, self.n_max = n_min, n_max

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specllm.costmodel import CostModel
-from specllm.drafters import Draft, ModelDrafter, NgramDrafter
-from specllm.ngram import NgramProposal
+from specllm.engine.costmodel import CostModel
+from specllm.engine.drafters import Draft, ModelDrafter, NgramDrafter
+from specllm.engine.ngram import NgramProposal
 
 PRIOR_WEIGHT = 2.0
 THROUGHPUT_DECAY = 0.1  # weight of one step in the running throughput

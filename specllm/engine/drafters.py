@@ -12,9 +12,9 @@ from typing import Protocol
 
 import numpy as np
 
-from specllm.backend import Backend
-from specllm.ngram import NgramCache
-from specllm.sampling import SamplingParams, argmax, sample, warp
+from specllm.engine.ngram import NgramCache
+from specllm.engine.protocol import Backend
+from specllm.engine.sampling import SamplingParams, argmax, sample, warp
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class NgramDrafter:
 
     source = "ngram"
 
-    def __init__(self, n_min: int = 2, n_max: int = 4):
+    def __init__(self, n_min: int, n_max: int):
         self.cache = NgramCache(n_min, n_max)
 
     def propose(self, history, max_tokens, params, rng) -> Draft | None:
@@ -73,7 +73,7 @@ class ModelDrafter:
 
     source = "draft"
 
-    def __init__(self, model: Backend, p_min: float = 0.6, n_vocab: int | None = None):
+    def __init__(self, model: Backend, p_min: float, n_vocab: int | None = None):
         self.model = model
         self.p_min = p_min
         self.n_vocab = n_vocab or model.n_vocab  # the target's: q rows must line up with p rows

@@ -1,0 +1,60 @@
+"""Every option that run, chat and bench share: its default, its help text and its check, once.
+
+Defaults come from the engine's own dataclasses (`SpecConfig`, `SamplingParams`, `LoadOptions`), so
+a command's signature names them (`draft_max: o.DraftMax = o.SPEC.draft_max`) instead of
+repeating a number that could drift.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from specllm.backend import LoadOptions
+from specllm.engine.sampling import SamplingParams
+from specllm.errors import UsageError
+from specllm.session import STRATEGIES, SpecConfig
+
+SPEC = SpecConfig()  # --spec, --draft-max, --draft-p-min, --ngram-min, --ngram-max
+SAMPLING = SamplingParams()  # --temp, --top-k, --top-p, --min-p, --seed
+LOAD = LoadOptions()  # --ctx-size, --threads, --gpu-layers, --gpu-layers-draft
+MAX_TOKENS = 512  # run and chat
+BENCH_MAX_TOKENS = 128  # bench: short generations, many prompts
+BENCH_TEMP = 0.0  # bench: greedy, so every strategy's text can be compared with off's
+COLOR = "auto"
+MAX_THREADS = 512  # GGML_MAX_N_THREADS: llama.cpp crashes on more
+
+# -- options shared by the generating commands (Typer `Annotated` aliases) ----------------
+Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Preset name or path to a GGUF file. [default: the default preset]")]
+Draft = Annotated[Optional[str], typer.Option("--draft", help="Draft model: preset/model name or GGUF path. [default: the preset's draft]")]
+Spec = Annotated[str, typer.Option("--spec", help=f"Speculation strategy: {', '.join(STRATEGIES)}.")]
+DraftMax = Annotated[int, typer.Option("--draft-max", help="Most tokens drafted per step.")]
+DraftPMin = Annotated[float, typer.Option("--draft-p-min", help="Draft model stops when its top probability falls below this.")]
+NgramMin = Annotated[int, typer.Option("--ngram-min", help="Shortest n-gram the cache matches.")]
+NgramMax = Annotated[int, typer.Option("--ngram-max", help="Longest n-gram the cache matches.")]
+MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")]
+Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy.")]
+TopK = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")]
+TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1: off).")]
+MinP = Annotated[float, typer.Option("--min-p", help="Drop tokens below this fraction of the best one (0: off).")]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed. [default: random]")]
+CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in tokens.")]
+Threads = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads. [default: all cores up to 8]")]
+GpuLayers = Annotated[int, typer.Option("--gpu-layers", "-ngl", help="Target layers on the GPU (-1: all when the build supports it).")]
+GpuLayersDraft = Annotated[int, typer.Option("--gpu-layers-draft", "-ngld", help="Draft layers on the GPU (-1: all when supported).")]
+System = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")]
+Color = Annotated[str, typer.Option("--color", help="Colour tokens by source: auto, always, never.")]
+
+
+def sampling_params(temp: float, top_k: int, top_p: float, min_p: float, seed: int | None) -> SamplingParams:
+    return SamplingParams(temp, top_k, top_p, min_p, seed).validate()
+
+
+def check_common(max_tokens: int, ctx_size: int, threads: int | None) -> None:
+    if max_tokens < 1:
+        raise UsageError(f"--max-tokens must be at least 1, got {max_tokens}")
+    if ctx_size < 8:
+        raise UsageError(f"--ctx-size must be at least 8 tokens, got {ctx_size}")
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise UsageError(f"--threads must be between 1 and {MAX_THREADS}, got {threads}")

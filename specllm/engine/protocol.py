@@ -1,0 +1,26 @@
+"""What the engine needs from a model: the whole of it. `specllm.backend` implements it with llama.cpp;
+tests and the replay script implement it with fakes."""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+class Backend(Protocol):
+    """What the decode loop needs from a model."""
+
+    n_vocab: int
+    n_ctx: int
+    n_past: int  # tokens held in the KV cache
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]: ...
+
+    def token_bytes(self, token: int) -> bytes: ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+    def evaluate(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray: ...
+
+    def rewind(self, n_past: int) -> None: ...
