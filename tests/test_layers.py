@@ -35,7 +35,7 @@ RANK = {  # module prefix -> layer
 TOP = 7  # the package's own __init__ (imports nothing) sits above everything
 # Third-party modules that only one part of the package may import.
 OWNERS = {"llama_cpp": ("specllm.backend",), "huggingface_hub": ("specllm.models.hub",), "typer": ("specllm.cli",),
-          "rich": ("specllm.cli",)}  # fmt: skip
+          "rich": ("specllm.cli",), "uvicorn": ("specllm.server",), "starlette": ("specllm.server",)}  # fmt: skip
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:

@@ -9,7 +9,7 @@ import sys
 import typer
 
 # Each module registers its commands on `app`.
-from specllm.cli import bench_cmd, chat_cmd, models_cmd, run_cmd  # noqa: E402,F401 - each registers its commands
+from specllm.cli import bench_cmd, chat_cmd, models_cmd, run_cmd, serve_cmd  # noqa: E402,F401 - each registers its commands
 from specllm.cli.app import app
 from specllm.cli.interrupt import Terminated
 from specllm.errors import SpecllmError, UsageError

@@ -1,0 +1,65 @@
+"""`specllm serve`: the OpenAI-compatible server (the work is in `specllm.server`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specllm.cli import common as c
+from specllm.cli import options as o
+from specllm.cli.app import app
+from specllm.errors import SpecllmError, UsageError
+from specllm.models import catalog
+from specllm.session import SpecConfig
+
+
+@app.command()
+def serve(
+    model: o.Model = None,
+    draft: o.Draft = None,
+    spec: o.Spec = o.SPEC.strategy,
+    draft_max: o.DraftMax = o.SPEC.draft_max,
+    draft_p_min: o.DraftPMin = o.SPEC.draft_p_min,
+    ngram_min: o.NgramMin = o.SPEC.ngram_min,
+    ngram_max: o.NgramMax = o.SPEC.ngram_max,
+    ctx_size: o.CtxSize = o.LOAD.n_ctx,
+    threads: o.Threads = o.LOAD.n_threads,
+    gpu_layers: o.GpuLayers = o.LOAD.n_gpu_layers,
+    gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port).")] = 8080,
+    queue_size: Annotated[int, typer.Option("--queue-size", help="Requests that may wait while one is served; more get HTTP 503.")] = 8,
+    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn's log level: warning, info (one line per request), debug.")] = "warning",
+) -> None:
+    """Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health)."""
+    o.check_common(1, ctx_size, threads)
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be between 0 and 65535, got {port}")
+    if queue_size < 1:
+        raise UsageError(f"--queue-size must be at least 1, got {queue_size}")
+    try:
+        from specllm.server.app import Service
+        from specllm.server.run import serve as run_server
+    except ImportError as exc:
+        raise SpecllmError(f'`specllm serve` needs the server extra ({exc.name} is missing): pip install "specllm[server]"') from None
+    spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
+    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft)
+    service = Service(engine, _model_id(model), queue_size)
+
+    def ready(bound_host: str, bound_port: int) -> None:
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        print(f"specllm serve: {service.model_id} (spec {service.strategy}) on http://{shown}:{bound_port}/v1 "
+              "- Ctrl-C stops", file=sys.stderr, flush=True)  # fmt: skip
+
+    run_server(service, host, port, ready, log_level)
+    print("specllm serve: stopped", file=sys.stderr, flush=True)
+
+
+def _model_id(model: str | None) -> str:
+    """The name clients send as `model`: the preset or model name, or a GGUF file's stem."""
+    if model is None:
+        return catalog.default_preset(catalog.load_registry()).name
+    return Path(model).stem if model.endswith(".gguf") else model

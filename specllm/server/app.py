@@ -1,0 +1,198 @@
+"""The HTTP routes (Starlette): check a request, encode its prompt, queue it, send the events back.
+
+No decoding happens here. A handler turns the body into a `Job` for the worker and answers with
+a `JobResponse`, which waits for the job's turn, then sends one JSON object or a stream of
+server-sent events, and cancels the job as soon as the client disconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Callable
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from specllm.chat import encode_messages, encode_raw
+from specllm.engine.decode import Decoder
+from specllm.errors import SpecllmError
+from specllm.server import schema
+from specllm.server.schema import ApiError, Renderer
+from specllm.server.worker import Job, Result, Worker
+
+
+class Service:
+    """What the routes share: the engine (tokenizer, context size), the served name, the worker."""
+
+    def __init__(self, engine, model_id: str, queue_size: int = 8, make_decoder: Callable[[], Decoder] | None = None):
+        self.engine, self.model_id = engine, model_id
+        self.strategy = engine.spec.strategy
+        self.names = {model_id, engine.target.path.name, engine.target.path.stem}
+        self.created = int(time.time())
+        self.worker = Worker(make_decoder or engine.decoder, queue_size)
+
+    def encode(self, request: schema.Request) -> list[int]:
+        target = self.engine.target
+        if request.kind == "chat":
+            return encode_messages(target, request.messages)
+        if isinstance(request.prompt, list):
+            if not all(0 <= t < target.n_vocab for t in request.prompt):
+                raise ApiError(400, f"token ids must be between 0 and {target.n_vocab - 1}", "prompt")
+            return request.prompt
+        return encode_raw(target, request.prompt)
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def create_app(service: Service) -> Starlette:
+    async def chat(request: HttpRequest):
+        return await _generate(service, "chat", request)
+
+    async def completions(request: HttpRequest):
+        return await _generate(service, "completion", request)
+
+    async def models(request: HttpRequest):
+        return JSONResponse(schema.models_list(service.model_id, service.created))
+
+    async def health(request: HttpRequest):
+        worker = service.worker
+        status = "shutting down" if worker.closing.is_set() else "ok"
+        return JSONResponse({"status": status, "model": service.model_id, "busy": worker.busy, "queued": worker.queued()},
+                            status_code=503 if worker.closing.is_set() else 200)  # fmt: skip
+
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    handlers = {HTTPException: _http_error, ApiError: _api_error, Exception: _internal_error}
+    return Starlette(routes=routes, exception_handlers=handlers)
+
+
+async def _generate(service: Service, kind: str, http: HttpRequest):
+    try:
+        body = json.loads(await http.body())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    request = schema.parse(kind, body)
+    if request.model is not None and request.model not in service.names:
+        raise ApiError(404, f"model {request.model!r} is not served here; this server serves {service.model_id!r}",
+                       "model", "model_not_found")  # fmt: skip
+    try:
+        prompt = await run_in_threadpool(service.encode, request)
+    except SpecllmError as exc:  # a template that cannot render these messages, say
+        raise ApiError(400, str(exc), "messages" if kind == "chat" else "prompt") from None
+    if not prompt:
+        raise ApiError(400, "the prompt is empty", "prompt")
+    max_tokens = schema.check_length(request, len(prompt), service.engine.target.n_ctx)
+    loop, events = asyncio.get_running_loop(), asyncio.Queue()
+
+    def post(kind: str, payload) -> None:  # from the worker thread
+        try:
+            loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    job = Job(prompt, max_tokens, request.params, post, request.stop)
+    service.worker.submit(job)
+    return JobResponse(job, events, request, Renderer(kind, service.model_id), service.strategy)
+
+
+class JobResponse:
+    """An ASGI response that follows one job; a client that goes away cancels it."""
+
+    def __init__(self, job: Job, events: asyncio.Queue, request: schema.Request, render: Renderer, strategy: str):
+        self.job, self.events, self.request, self.render, self.strategy = job, events, request, render, strategy
+
+    async def __call__(self, scope, receive, send) -> None:
+        watcher = asyncio.ensure_future(self._watch(receive))
+        try:
+            kind, payload = await self.events.get()  # "start" once its turn comes, or an error
+            if kind == "error":
+                await _send_json(send, payload.status, payload.body())
+            elif self.request.stream:
+                await self._stream(send)
+            else:
+                await self._whole(send)
+        except OSError:  # the client went away while we wrote
+            pass
+        finally:
+            self.job.cancel()  # a no-op once the job is done
+            watcher.cancel()
+
+    async def _watch(self, receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.job.cancel()
+
+    async def _whole(self, send) -> None:
+        pieces = []
+        while True:
+            kind, payload = await self.events.get()
+            if kind == "text":
+                pieces.append(payload)
+            elif kind == "error":
+                return await _send_json(send, payload.status, payload.body())
+            elif kind == "done":
+                body = self.render.whole("".join(pieces), self._reason(payload), schema.usage(payload.stats, self.strategy))
+                return await _send_json(send, 200, body)
+
+    async def _stream(self, send) -> None:
+        headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                   (b"x-accel-buffering", b"no")]  # fmt: skip
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await self._event(send, self.render.chunk(None, first=True) if self.request.kind == "chat" else None)
+        while True:
+            kind, payload = await self.events.get()
+            if kind == "text":
+                await self._event(send, self.render.chunk(payload))
+            elif kind == "error":
+                await self._event(send, payload.body())
+                break
+            elif kind == "done":
+                usage = schema.usage(payload.stats, self.strategy)
+                await self._event(send, self.render.chunk(None, self._reason(payload), usage))
+                if self.request.include_usage:
+                    await self._event(send, self.render.usage_chunk(usage))
+                break
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+    @staticmethod
+    async def _event(send, obj: dict | None) -> None:
+        if obj is not None:
+            data = b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+    @staticmethod
+    def _reason(result: Result) -> str:
+        return "stop" if result.stopped_by_text else schema.finish_reason(result.finish_reason)
+
+
+async def _send_json(send, status: int, body: dict) -> None:
+    data = json.dumps(body, ensure_ascii=False).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data, "more_body": False})
+
+
+async def _api_error(request, exc: ApiError):
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _http_error(request, exc: HTTPException):
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return JSONResponse(ApiError(exc.status_code, message, kind=kind).body(), status_code=exc.status_code)
+
+
+async def _internal_error(request, exc: Exception):
+    error = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")
+    return JSONResponse(error.body(), status_code=500)

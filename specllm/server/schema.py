@@ -1,0 +1,265 @@
+"""The OpenAI wire format: request bodies checked into `Request`s, and the JSON a response carries.
+
+Pure functions, no I/O: every refusal is an `ApiError` with the HTTP status and the error object
+OpenAI's clients expect (`{"error": {"message", "type", "param", "code"}}`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from specllm.engine.sampling import SamplingParams
+from specllm.engine.stats import Stats
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_STOPS = 4  # as OpenAI allows
+DEFAULTS = SamplingParams()  # a field left out takes specllm's default, as llama.cpp's server does
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def busy(message: str) -> ApiError:
+    return ApiError(503, message, code="server_busy", kind="server_error")
+
+
+@dataclass(frozen=True)
+class Request:
+    kind: str  # "chat" or "completion"
+    messages: list[dict[str, str]] | None  # chat: roles mapped to the template's (developer -> system)
+    prompt: str | list[int] | None  # completion: text, or token ids
+    max_tokens: int | None  # None: as many as the context holds
+    params: SamplingParams
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    model: str | None = None
+
+
+def parse(kind: str, body: object) -> Request:
+    """A request body (already JSON-decoded) checked field by field."""
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {_type(body)}")
+    messages = prompt = None
+    if kind == "chat":
+        messages = _messages(_required(body, "messages"))
+    else:
+        prompt = _prompt(_required(body, "prompt"))
+    n = _get(body, "n", int, 1)
+    if n != 1:
+        raise ApiError(400, f"only n=1 is supported, got {n}", "n")
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise ApiError(400, "logprobs are not supported", "logprobs")
+    max_tokens = _get(body, "max_completion_tokens", int, None)
+    max_tokens = _get(body, "max_tokens", int, max_tokens)
+    if max_tokens is not None and max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+    stream_options = _get(body, "stream_options", dict, {}) or {}
+    return Request(
+        kind,
+        messages,
+        prompt,
+        max_tokens,
+        _params(body),
+        _stop(body.get("stop")),
+        _get(body, "stream", bool, False),
+        bool(stream_options.get("include_usage")),
+        _get(body, "model", str, None),
+    )
+
+
+def check_length(request: Request, prompt_tokens: int, n_ctx: int) -> int:
+    """The most tokens to generate for a prompt of this size; ApiError when it cannot fit."""
+    if prompt_tokens >= n_ctx:
+        raise ApiError(400, f"the prompt has {prompt_tokens} tokens but the context holds {n_ctx}",
+                       "messages" if request.kind == "chat" else "prompt", "context_length_exceeded")  # fmt: skip
+    if request.max_tokens is None:
+        return n_ctx - prompt_tokens
+    if prompt_tokens + request.max_tokens > n_ctx:
+        raise ApiError(400, f"the context holds {n_ctx} tokens, but {prompt_tokens + request.max_tokens} were asked "
+                       f"for ({prompt_tokens} of prompt, {request.max_tokens} of max_tokens)",
+                       "max_tokens", "context_length_exceeded")  # fmt: skip
+    return request.max_tokens
+
+
+# -- fields ----------------------------------------------------------------------------------
+
+
+def _required(body: dict, name: str):
+    if body.get(name) is None:
+        raise ApiError(400, f"missing required field {name!r}", name)
+    return body[name]
+
+
+def _get(body: dict, name: str, kind: type, default):
+    value = body.get(name)
+    if value is None:
+        return default
+    number = kind in (int, float)
+    if isinstance(value, bool) and kind is not bool or not isinstance(value, (int, float) if kind is float else kind):
+        raise ApiError(400, f"{name!r} must be {_word(kind)}, got {_type(value)}", name)
+    if number and not math.isfinite(value):
+        raise ApiError(400, f"{name!r} must be a finite number", name)
+    return value
+
+
+def _messages(value) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, "'messages' must be a non-empty array of messages", "messages")
+    out = []
+    for i, message in enumerate(value):
+        param = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise ApiError(400, f"{param} must be an object, got {_type(message)}", param)
+        role = message.get("role")
+        if role not in ROLES:
+            known = ", ".join(ROLES)
+            raise ApiError(400, f"{param}.role must be one of {known}, got {role!r}", f"{param}.role")
+        out.append({"role": ROLES[role], "content": _content(message.get("content"), role, f"{param}.content")})
+    return out
+
+
+def _content(value, role: str, param: str) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None and role == "assistant":
+        return ""
+    if isinstance(value, list):  # content parts: text only
+        texts = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ApiError(400, f"{param}: only text content parts are supported", param)
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ApiError(400, f"{param} must be a string or an array of text parts, got {_type(value)}", param)
+
+
+def _prompt(value) -> str | list[int]:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        value = value[0]
+    if isinstance(value, str):
+        if not value:
+            raise ApiError(400, "'prompt' is empty", "prompt")
+        return value
+    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return list(value)
+    raise ApiError(400, "'prompt' must be a non-empty string (or one array of token ids); batches are not supported", "prompt")
+
+
+def _params(body: dict) -> SamplingParams:
+    temperature = _get(body, "temperature", float, DEFAULTS.temperature)
+    top_p = _get(body, "top_p", float, DEFAULTS.top_p)
+    top_k = _get(body, "top_k", int, DEFAULTS.top_k)
+    min_p = _get(body, "min_p", float, DEFAULTS.min_p)
+    seed = _get(body, "seed", int, None)
+    checks = [("temperature", temperature >= 0, "0 or more"), ("top_p", 0 < top_p <= 1, "in (0, 1]"),
+              ("top_k", top_k >= 0, "0 (off) or more"), ("min_p", 0 <= min_p < 1, "in [0, 1)"),
+              ("seed", seed is None or seed >= 0, "0 or more")]  # fmt: skip
+    for name, ok, want in checks:
+        if not ok:
+            raise ApiError(400, f"{name!r} must be {want}, got {body[name]}", name)
+    return SamplingParams(float(temperature), top_k, float(top_p), float(min_p), seed)
+
+
+def _stop(value) -> list[str]:
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise ApiError(400, "'stop' must be a string or an array of strings", "stop")
+    if len(stops) > MAX_STOPS:
+        raise ApiError(400, f"'stop' holds at most {MAX_STOPS} strings, got {len(stops)}", "stop")
+    return [s for s in stops if s]
+
+
+def _word(kind: type) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "a boolean", dict: "an object"}[kind]
+
+
+def _type(value) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
+            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)  # fmt: skip
+
+
+# -- responses -------------------------------------------------------------------------------
+
+
+def finish_reason(engine_reason: str) -> str:
+    """The engine's reasons in OpenAI's words: a full context is a length limit, a stop is a stop."""
+    return "length" if engine_reason in ("length", "context") else "stop"
+
+
+def usage(stats: Stats, strategy: str) -> dict:
+    """The usual counts, plus what speculation did for this request."""
+    by_source = {name: {"drafted": s.drafted, "accepted": s.accepted, "steps": s.steps} for name, s in stats.by_source.items()}
+    for name in ("ngram", "draft"):
+        by_source.setdefault(name, {"drafted": 0, "accepted": 0, "steps": 0})
+    speculation = {
+        "strategy": strategy,
+        "steps": stats.target_passes,
+        "drafted": stats.drafted,
+        "accepted": stats.accepted,
+        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "mean_accepted_length": round(stats.mean_accepted_length, 4),
+        "by_source": dict(sorted(by_source.items())),
+        "tok_per_s": round(stats.tok_per_s, 2),
+        "prefill_seconds": round(stats.prefill_seconds, 4),
+        "seconds": round(stats.seconds, 4),
+    }
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.tokens,
+        "total_tokens": stats.prompt_tokens + stats.tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.reused_tokens},
+        "speculation": speculation,
+    }
+
+
+class Renderer:
+    """Builds the objects of one response (an id and a creation time shared by all its chunks)."""
+
+    def __init__(self, kind: str, model: str):
+        self.kind, self.model = kind, model
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        self.id, self.created = f"{prefix}-{uuid.uuid4().hex[:24]}", int(time.time())
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def whole(self, text: str, reason: str, usage: dict) -> dict:
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
+            return {**self._head("chat.completion"), "choices": [choice], "usage": usage}
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        return {**self._head("text_completion"), "choices": [choice], "usage": usage}
+
+    def chunk(self, text: str | None, reason: str | None = None, usage: dict | None = None, first: bool = False) -> dict:
+        if self.kind == "chat":
+            delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+            out = {**self._head("chat.completion.chunk"), "choices": [choice]}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+            out = {**self._head("text_completion"), "choices": [choice]}
+        if usage is not None:
+            out["usage"] = usage
+        return out
+
+    def usage_chunk(self, usage: dict) -> dict:
+        """The closing chunk `stream_options.include_usage` asks for: no choices, the usage."""
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return {**self._head(obj), "choices": [], "usage": usage}
+
+
+def models_list(model_id: str, created: int) -> dict:
+    return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created, "owned_by": "specllm"}]}

@@ -1,0 +1,182 @@
+"""One thread owns the decoder and serves a bounded FIFO queue of jobs, one at a time.
+
+A job carries its prompt tokens and settings in, and its messages out through a callback
+(`post`) that the HTTP layer points at an asyncio queue: ("start", None) when its turn comes,
+("text", piece) as text is committed (stop strings held back and cut), then ("done", Result)
+or ("error", ApiError). A job's `cancel` (client gone) stops its generation at the next step.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from specllm.engine.decode import Decoder, Done, TokenCommitted
+from specllm.engine.sampling import SamplingParams
+from specllm.engine.stats import Stats
+from specllm.errors import SpecllmError
+from specllm.server.schema import ApiError, busy
+
+log = logging.getLogger("specllm.server")
+SHUTTING_DOWN = "the server is shutting down"
+
+
+@dataclass
+class Result:
+    text: str
+    finish_reason: str  # the engine's: stop, length, context, interrupted
+    stopped_by_text: bool  # a stop string ended it
+    stats: Stats
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    max_tokens: int
+    params: SamplingParams
+    post: Callable[[str, object], None]
+    stop: list[str] = field(default_factory=list)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class StopText:
+    """Text pieces in, text out, ending at the first stop string. A tail that could begin a
+    stop string is held back until the next piece shows whether it does."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = [s for s in stops if s]
+        self.held = ""
+        self.stopped = False
+
+    def push(self, piece: str) -> str:
+        if self.stopped or not self.stops:
+            return "" if self.stopped else piece
+        text = self.held + piece
+        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped, self.held = True, ""
+            return text[: min(hits)]
+        keep = max((k for s in self.stops for k in range(1, min(len(s) - 1, len(text)) + 1) if text.endswith(s[:k])), default=0)
+        self.held = text[len(text) - keep :]
+        return text[: len(text) - keep]
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return "" if self.stopped else held
+
+
+class Worker:
+    def __init__(self, make_decoder: Callable[[], Decoder], queue_size: int = 8):
+        self.make_decoder = make_decoder
+        self.decoder = make_decoder()
+        self.queue_size = queue_size
+        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
+        self.closing = threading.Event()
+        self.aborting = threading.Event()
+        self.busy = False
+        self.served = 0
+        self.history: list[Result] = []  # the last few results (tests and /health look at them)
+        self._thread = threading.Thread(target=self._run, name="specllm-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        if self.closing.is_set():
+            raise busy(SHUTTING_DOWN)
+        try:
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            raise busy(f"the server is busy: {self.queue_size} requests are already waiting; retry later") from None
+
+    def queued(self) -> int:
+        return self.jobs.qsize()
+
+    def stop_accepting(self) -> None:
+        """Refuse new jobs and those still waiting; the running one goes on (abort() stops it)."""
+        self.closing.set()
+        self._drain()
+
+    def abort(self) -> None:
+        self.aborting.set()
+
+    def close(self, timeout: float = 30.0) -> None:
+        self.stop_accepting()
+        self.abort()
+        if self._thread.is_alive():
+            self.jobs.put(None, timeout=timeout)
+            self._thread.join(timeout)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                job.post("error", busy(SHUTTING_DOWN))
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            if self.closing.is_set():
+                job.post("error", busy(SHUTTING_DOWN))
+            elif not job.cancelled.is_set():
+                self.busy = True
+                try:
+                    self._serve(job)
+                finally:
+                    self.busy = False
+
+    def _serve(self, job: Job) -> None:
+        job.post("start", None)
+        stats, text, done = Stats(), StopText(job.stop), None
+        pieces = []
+        rng = np.random.default_rng(job.params.seed)
+
+        def should_stop() -> bool:
+            return job.cancelled.is_set() or text.stopped or self.aborting.is_set()
+
+        try:
+            for event in self.decoder.generate(job.prompt, job.max_tokens, job.params, rng, stop=should_stop):
+                stats.update(event)
+                if isinstance(event, TokenCommitted):
+                    piece = text.push(event.text)
+                    if piece:
+                        pieces.append(piece)
+                        job.post("text", piece)
+                elif isinstance(event, Done):
+                    done = event
+        except SpecllmError as exc:
+            self._fail(job, ApiError(500, f"generation failed: {exc}", code="generation_failed", kind="server_error"))
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug: the client hears of it, the server keeps serving
+            log.exception("generation failed")
+            self._fail(job, ApiError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error"))
+            return
+        tail = text.flush()
+        if tail:
+            pieces.append(tail)
+            job.post("text", tail)
+        result = Result("".join(pieces), done.finish_reason, text.stopped, stats)
+        self.served += 1
+        self.history = (self.history + [result])[-16:]
+        job.post("done", result)
+
+    def _fail(self, job: Job, error: ApiError) -> None:
+        """A failed step may leave the KV cache out of step with the history: start afresh."""
+        try:
+            self.decoder = self.make_decoder()
+        except Exception:  # noqa: BLE001
+            log.exception("could not rebuild the decoder")
+        job.post("error", error)
