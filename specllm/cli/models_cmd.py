@@ -13,7 +13,7 @@ from rich.text import Text
 
 from specllm.cli import common as c
 from specllm.cli.app import app
-from specllm.models import catalog, hub, store
+from specllm.models import catalog, hfnames, hub, store
 
 
 @app.command("models")
@@ -38,13 +38,20 @@ def pull(
         Optional[str], typer.Argument(metavar="[PRESET_OR_MODEL]", help="Default: the default preset.")
     ] = None,
 ) -> None:
-    """Download a preset's target and draft models (or one model) into the cache and verify them."""
+    """Download a preset's target and draft models, one model, or an hf:ORG/REPO:QUANT name, and verify them."""
+    if name and hfnames.is_hf_name(name):
+        with c.download_progress() as progress:
+            path = store.resolve_hf(name, refresh=True, progress=progress)
+        parts = _parts_beside(path)
+        _say(c.stderr, f"{name}: {_size(sum(p.stat().st_size for p in parts))} in {len(parts)} file(s) ok  {path}")
+        return
     reg = catalog.load_registry()
     name = name or catalog.default_preset(reg).name
     for entry in catalog.models_for(name, reg):
         with c.download_progress() as progress:
             path = store.ensure_model(entry, progress=progress, warn=c.warn)
-        _say(c.stderr, f"{entry.name}: {_size(entry.size)} ok  {path}")
+        size = sum((path.parent / f).stat().st_size for f in entry.files)
+        _say(c.stderr, f"{entry.name}: {_size(size)} ok  {path}")
 
 
 def _say(console: Console, line: str) -> None:
@@ -60,37 +67,54 @@ def describe_models(reg: catalog.Registry) -> dict:
         path = store.model_path(entry, cache)
         state = hub.cache_state(entry, path)
         models.append(
-            {"name": entry.name, "file": entry.file, "size": entry.size, "sha256": entry.sha256,
+            {"name": entry.name, "file": entry.file, "files": list(entry.files), "size": entry.shown_size,
+             "size_exact": entry.size is not None, "sha256": entry.sha256,
+             "verified_by": "pinned sha256" if entry.pinned else "the hub's LFS metadata",
              "hf_repo": entry.hf_repo, "cached": state == "verified", "state": state, "path": str(path)}
         )  # fmt: skip
     presets = [
         {"name": p.name, "target": p.target, "draft": p.draft, "description": p.description,
-         "default": p.name == reg.default}
+         "hardware": p.hardware, "default": p.name == reg.default}
         for p in reg.presets.values()
     ]  # fmt: skip
-    return {"default": reg.default, "presets": presets, "models": models,
+    downloads = [{"path": str(p), "size": sum(x.stat().st_size for x in _parts_beside(p))}
+                 for p in store.cached_files() if "hf" in p.relative_to(cache / "models").parts[:1]]  # fmt: skip
+    return {"default": reg.default, "presets": presets, "models": models, "hf_downloads": downloads,
             "cache_dir": str(cache), "user_file": str(catalog.user_config_path())}  # fmt: skip
 
 
+def _parts_beside(path) -> list:
+    """A split GGUF's parts (named like the first one) beside it; else just the file."""
+    split = hfnames.split_of(path.name)
+    if split is None:
+        return [path]
+    prefix, _, count = split
+    return [path.with_name(f"{prefix}-{n:05d}-of-{count:05d}.gguf") for n in range(1, count + 1)]
+
+
 def _presets_table(listing: dict) -> Table:
-    sizes = {m["name"]: m["size"] for m in listing["models"]}
+    sizes = {m["name"]: (m["size"], m["size_exact"]) for m in listing["models"]}
     table = Table(title="Presets", title_justify="left", box=None, pad_edge=False)
-    for column in ("name", "target", "draft", "size", "description"):
+    for column in ("name", "target", "draft", "size", "for", "description"):
         table.add_column(column, justify="right" if column == "size" else "left")
     for p in listing["presets"]:
-        size = sizes[p["target"]] + (sizes[p["draft"]] if p["draft"] else 0)
+        members = [sizes[p["target"]]] + ([sizes[p["draft"]]] if p["draft"] else [])
+        shown = ("" if all(exact for _, exact in members) else "~") + _size(sum(size for size, _ in members))
         name = p["name"] + (" (default)" if p["default"] else "")
-        table.add_row(*map(Text, (name, p["target"], p["draft"] or "-", _size(size), p["description"])))
+        table.add_row(*map(Text, (name, p["target"], p["draft"] or "-", shown, p["hardware"] or "-", p["description"])))
     return table
 
 
 def _models_table(listing: dict) -> Table:
     table = Table(title="Models", title_justify="left", box=None, pad_edge=False)
-    for column in ("name", "size", "cached", "path"):
+    for column in ("name", "size", "files", "checked against", "cached", "path"):
         table.add_column(column, justify="right" if column == "size" else "left", no_wrap=column == "path")
     for m in listing["models"]:
         cached = {"verified": "yes", "unverified": "yes (unverified)", "missing": "no"}[m["state"]]
-        table.add_row(*map(Text, (m["name"], _size(m["size"]), cached, m["path"])))
+        size = ("" if m["size_exact"] else "~") + _size(m["size"])
+        table.add_row(*map(Text, (m["name"], size, str(len(m["files"])), m["verified_by"], cached, m["path"])))
+    for d in listing["hf_downloads"]:
+        table.add_row(*map(Text, ("(hf: download)", _size(d["size"]), "", "the hub's LFS metadata", "yes", d["path"])))
     return table
 
 

