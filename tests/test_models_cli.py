@@ -108,7 +108,8 @@ def test_pull_unknown_name_is_one_error_line(home, capsys):
         main(["pull", "ghost"])
     assert info.value.code == 1
     err = capsys.readouterr().err
-    assert err.startswith("Error: unknown model 'ghost'; known presets: qwen2.5-coder, smollm2-135m")
+    assert err.startswith("Error: unknown model 'ghost'; known presets: qwen2.5-coder, qwen2.5-coder-14b, ")
+    assert "smollm2-135m" in err and "qwen3-32b" in err
     assert err.count("\n") == 1
 
 
