@@ -135,7 +135,7 @@ def test_the_checker_sees_a_wrong_way_import(tmp_path):
 
 def test_every_command_in_the_readme_is_in_the_help():
     readme = (ROOT / "README.md").read_text("utf-8")
-    code = "\n".join(re.findall(r"```(?:bash)?\n(.*?)```", readme, flags=re.S) + re.findall(r"`([^`\n]+)`", readme))
+    code = "\n".join(re.findall(r"```\w*\n(.*?)```", readme, flags=re.S) + re.findall(r"`([^`\n]+)`", readme))
     commands = set(re.findall(r"(?:^|[|&;]\s*|\s)specllm ([a-z]+)\b", code, flags=re.M))
     assert {"run", "chat", "bench", "models", "pull"} <= commands, commands  # the README still names them
     result = CliRunner().invoke(app, ["--help"], terminal_width=200)

@@ -1,0 +1,383 @@
+"""`specllm serve` as clients use it: the real server on 127.0.0.1 (a free port), driven by the
+official `openai` client and by raw HTTP, on the tiny test models; one test on the default pair.
+
+Servers run in-process (uvicorn in a thread, `should_exit` at teardown) or as a subprocess killed
+at teardown; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+import openai
+import pytest
+
+from specllm.backend import LoadOptions
+from specllm.engine.decode import StepDone
+from specllm.server.app import Service
+from specllm.server.run import Server, listen
+from specllm.server.worker import StopText
+from specllm.session import Engine, ModelPaths, SpecConfig
+
+N_CTX = 512
+TINY = LoadOptions(n_ctx=N_CTX, n_threads=1, n_gpu_layers=0)
+WAIT = 60  # seconds: the bound on every wait
+CODE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+
+
+def tiny_engine(tiny_pair, strategy: str = "ngram+draft") -> Engine:
+    return Engine(ModelPaths(*tiny_pair), SpecConfig(strategy), TINY, TINY)
+
+
+@contextmanager
+def running(service: Service):
+    """The server in a thread on a free port; yields its base URL and stops it (bounded) at the end."""
+    server = Server(service, listen("127.0.0.1", 0))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + WAIT
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    host, port = server.address
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(WAIT)
+        assert not thread.is_alive(), "the server did not stop"
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=WAIT)
+
+
+def until(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_pair):
+    engine = tiny_engine(tiny_pair)
+    service = Service(engine, "tiny")
+    with running(service) as url:
+        yield url, service
+    engine.close()
+
+
+def chat(url, content, **kwargs):
+    kwargs = {"max_tokens": 32, "temperature": 0, **kwargs}
+    return client(url).chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}], **kwargs)
+
+
+# -- the good path --------------------------------------------------------------------------
+
+
+def test_chat_completion_carries_text_usage_and_speculation(tiny_server):
+    url, _ = tiny_server
+    reply = chat(url, "Rename add to plus:\n" + CODE)
+    assert reply.object == "chat.completion" and reply.model == "tiny"
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    usage = reply.usage
+    assert usage.completion_tokens <= 32 and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    spec = usage.model_extra["speculation"]
+    assert spec["strategy"] == "ngram+draft" and spec["steps"] >= 1
+    assert set(spec["by_source"]) == {"ngram", "draft"}
+    assert spec["drafted"] == sum(s["drafted"] for s in spec["by_source"].values())
+    assert spec["accepted"] <= spec["drafted"] and spec["tok_per_s"] > 0
+
+
+def test_streamed_text_equals_the_whole_reply(tiny_server):
+    url, _ = tiny_server
+    whole = chat(url, "Say something about " + CODE).choices[0].message.content
+    stream = chat(url, "Say something about " + CODE, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    closing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(closing) == 1 and closing[0].usage.completion_tokens >= 1
+    assert chunks[-1].choices == [] and "speculation" in chunks[-1].usage.model_extra  # include_usage
+
+
+def test_models_and_health(tiny_server):
+    url, _ = tiny_server
+    assert [m.id for m in client(url).models.list()] == ["tiny"]
+    status, body = raw(url, "GET", "/health")
+    assert status == 200 and body["status"] == "ok" and body["model"] == "tiny"
+
+
+def test_text_completion_streaming_and_stop_strings(tiny_server):
+    url, _ = tiny_server
+    api = client(url)
+    full = api.completions.create(model="tiny", prompt=CODE, max_tokens=24, temperature=0).choices[0]
+    assert full.text and full.finish_reason == "length"
+    streamed = "".join(c.choices[0].text for c in api.completions.create(model="tiny", prompt=CODE, max_tokens=24,
+                                                                          temperature=0, stream=True) if c.choices)  # fmt: skip
+    assert streamed == full.text
+    stop = full.text[len(full.text) // 2 :][:3]  # a piece of the middle of the text
+    for stream in (False, True):
+        answer = api.completions.create(model="tiny", prompt=CODE, max_tokens=24, temperature=0, stop=[stop], stream=stream)
+        if stream:
+            chunks = [c.choices[0] for c in answer if c.choices]
+            text, reason = "".join(c.text for c in chunks), chunks[-1].finish_reason
+        else:
+            text, reason = answer.choices[0].text, answer.choices[0].finish_reason
+        assert text == full.text[: full.text.find(stop)] and reason == "stop"
+
+
+def test_stop_text_holds_back_a_possible_start_and_cuts_at_the_first_stop():
+    cut = StopText(["END", "xy"])
+    assert [cut.push(p) for p in ["ab", "cE", "N", "x", "q", "zE", "ND tail"]] == ["ab", "c", "", "EN", "xq", "z", ""]
+    assert cut.stopped and cut.flush() == ""
+    cut = StopText(["END"])
+    assert cut.push("aEN") == "a" and cut.flush() == "EN" and not cut.stopped
+
+
+def test_reuse_keeps_temperature_zero_text_identical_to_a_fresh_server(tiny_server, tiny_pair):
+    """An agent's second call extends its first: the KV prefix is reused and the n-gram cache has seen
+    the first answer; the text must still equal that of the same request on a fresh server."""
+    url, _ = tiny_server
+    first_messages = [{"role": "user", "content": "Rewrite this code:\n" + CODE}]
+    api = client(url)
+    first = api.chat.completions.create(model="tiny", messages=first_messages, max_tokens=40, temperature=0)
+    answer = first.choices[0].message.content
+    follow = first_messages + [{"role": "assistant", "content": answer},
+                               {"role": "user", "content": "Again, the same code:\n" + CODE + answer}]  # fmt: skip
+    second = api.chat.completions.create(model="tiny", messages=follow, max_tokens=40, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens // 2
+    engine = tiny_engine(tiny_pair)
+    try:
+        with running(Service(engine, "tiny")) as fresh:
+            alone = client(fresh).chat.completions.create(model="tiny", messages=follow, max_tokens=40, temperature=0)
+    finally:
+        engine.close()
+    assert alone.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.choices[0].message.content == alone.choices[0].message.content
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+GOOD = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+BAD = {  # name: (path, body as sent, status, the param or code the error names)
+    "malformed JSON": ("/v1/chat/completions", b'{"messages": [', 400, None),
+    "not UTF-8": ("/v1/chat/completions", b'{"messages": "\xff"}', 400, None),
+    "body is an array": ("/v1/chat/completions", [GOOD], 400, None),
+    "missing messages": ("/v1/chat/completions", {"model": "tiny"}, 400, "messages"),
+    "messages not an array": ("/v1/chat/completions", {**GOOD, "messages": "hi"}, 400, "messages"),
+    "empty messages": ("/v1/chat/completions", {**GOOD, "messages": []}, 400, "messages"),
+    "message not an object": ("/v1/chat/completions", {**GOOD, "messages": ["hi"]}, 400, "messages[0]"),
+    "content a number": ("/v1/chat/completions", {**GOOD, "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+    "image content": ("/v1/chat/completions", {**GOOD, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages[0].content"),
+    "unknown role": ("/v1/chat/completions", {**GOOD, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
+    "missing role": ("/v1/chat/completions", {**GOOD, "messages": [{"content": "hi"}]}, 400, "messages[0].role"),
+    "max_tokens 0": ("/v1/chat/completions", {**GOOD, "max_tokens": 0}, 400, "max_tokens"),
+    "max_tokens negative": ("/v1/chat/completions", {**GOOD, "max_tokens": -3}, 400, "max_tokens"),
+    "max_tokens a string": ("/v1/chat/completions", {**GOOD, "max_tokens": "4"}, 400, "max_tokens"),
+    "max_tokens a boolean": ("/v1/chat/completions", {**GOOD, "max_tokens": True}, 400, "max_tokens"),
+    "max_tokens beyond the context": ("/v1/chat/completions", {**GOOD, "max_tokens": N_CTX}, 400, "context_length_exceeded"),
+    "prompt beyond the context": ("/v1/completions", {"prompt": "word " * (2 * N_CTX), "max_tokens": 4}, 400, "context_length_exceeded"),
+    "messages beyond the context": ("/v1/chat/completions", {**GOOD, "messages": [{"role": "user", "content": "word " * (2 * N_CTX)}]}, 400, "context_length_exceeded"),
+    "temperature a string": ("/v1/chat/completions", {**GOOD, "temperature": "hot"}, 400, "temperature"),
+    "temperature negative": ("/v1/chat/completions", {**GOOD, "temperature": -1}, 400, "temperature"),
+    "top_p zero": ("/v1/chat/completions", {**GOOD, "top_p": 0}, 400, "top_p"),
+    "seed a float": ("/v1/chat/completions", {**GOOD, "seed": 1.5}, 400, "seed"),
+    "stop a number": ("/v1/chat/completions", {**GOOD, "stop": 7}, 400, "stop"),
+    "stream a string": ("/v1/chat/completions", {**GOOD, "stream": "yes"}, 400, "stream"),
+    "n of 2": ("/v1/chat/completions", {**GOOD, "n": 2}, 400, "n"),
+    "unknown model": ("/v1/chat/completions", {**GOOD, "model": "gpt-4o"}, 404, "model_not_found"),
+    "model a number": ("/v1/chat/completions", {**GOOD, "model": 3}, 400, "model"),
+    "missing prompt": ("/v1/completions", {"model": "tiny"}, 400, "prompt"),
+    "prompt a batch": ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    "token id out of range": ("/v1/completions", {"prompt": [1, 10**9]}, 400, "prompt"),
+}
+
+
+def raw(url: str, method: str, path: str, body: object = None) -> tuple[int, dict]:
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=WAIT)
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    try:
+        connection.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def test_every_bad_input_gets_an_openai_error_and_the_server_keeps_serving(tiny_server):
+    url, _ = tiny_server
+    for name, (path, body, status, names) in BAD.items():
+        got, answer = raw(url, "POST", path, body)
+        assert got == status, (name, answer)
+        error = answer["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["message"], (name, error)
+        if names is not None:
+            assert names in (error["param"], error["code"]), (name, error)
+    assert raw(url, "GET", "/v1/nowhere")[0] == 404
+    assert raw(url, "GET", "/v1/chat/completions")[0] == 405
+    assert raw(url, "POST", "/v1/chat/completions", GOOD)[0] == 200  # still serving
+
+
+def test_the_openai_client_sees_the_errors_as_its_own_exceptions(tiny_server):
+    url, _ = tiny_server
+    api = client(url)
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be at least 1"):
+        api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=0)
+    with pytest.raises(openai.BadRequestError, match="role must be one of"):
+        api.chat.completions.create(model="tiny", messages=[{"role": "tool", "content": "hi"}])
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        api.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    assert chat(url, "hi", max_tokens=2).choices[0].message.content is not None
+
+
+# -- one at a time: the queue, disconnects ----------------------------------------------------
+
+
+class Paced:
+    """A decoder that waits at a gate before it starts, then sleeps a little after each step,
+    so that tests can hold the worker busy and catch a generation in the middle."""
+
+    def __init__(self, decoder, gate: threading.Event, step_seconds: float):
+        self.decoder, self.gate, self.step_seconds = decoder, gate, step_seconds
+
+    def generate(self, *args, **kwargs):
+        assert self.gate.wait(WAIT)
+        for event in self.decoder.generate(*args, **kwargs):
+            yield event
+            if isinstance(event, StepDone):
+                time.sleep(self.step_seconds)
+
+
+@pytest.fixture
+def paced_server(tiny_pair):
+    engine = tiny_engine(tiny_pair, "ngram")
+    gate = threading.Event()
+    service = Service(engine, "tiny", queue_size=1, make_decoder=lambda: Paced(engine.decoder(), gate, 0.02))
+    try:
+        with running(service) as url:
+            yield url, service, gate
+    finally:
+        gate.set()
+        engine.close()
+
+
+def test_a_full_queue_answers_503_and_the_queued_requests_are_served_in_order(paced_server):
+    url, service, gate = paced_server
+    answers = {}
+
+    def ask(name):
+        answers[name] = chat(url, f"request {name}", max_tokens=3).choices[0].message.content
+
+    first = threading.Thread(target=ask, args=("first",))
+    first.start()
+    until(lambda: service.worker.busy, "the first request to start")
+    second = threading.Thread(target=ask, args=("second",))
+    second.start()
+    until(lambda: service.worker.queued() == 1, "the second request to wait")
+    with pytest.raises(openai.InternalServerError) as refused:
+        chat(url, "one too many", max_tokens=3)
+    assert refused.value.status_code == 503 and "busy" in str(refused.value)
+    gate.set()
+    first.join(WAIT)
+    second.join(WAIT)
+    assert set(answers) == {"first", "second"}
+    assert service.worker.served == 2
+
+
+def test_a_client_that_disconnects_mid_stream_stops_its_generation(paced_server):
+    url, service, gate = paced_server
+    gate.set()
+    stream = chat(url, "Tell a long story.", max_tokens=400, stream=True)
+    seen = 0
+    for chunk in stream:
+        seen += bool(chunk.choices and chunk.choices[0].delta.content)
+        if seen >= 3:
+            break
+    stream.close()  # the connection goes away
+    until(lambda: service.worker.served == 1, "the generation to stop")
+    result = service.worker.history[-1]
+    assert result.finish_reason == "interrupted" and result.stats.tokens < 200  # 400 at 0.02 s a step: 8 s
+    assert chat(url, "still there?", max_tokens=2).choices[0].message.content is not None
+
+
+# -- the command: signals and the exit code ------------------------------------------------------
+
+
+@contextmanager
+def serve_process(*args):
+    command = [sys.executable, "-m", "specllm", "serve", "--port", "0", *args]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "NO_COLOR": "1"})
+    try:
+        line = process.stderr.readline()  # the first line names the address; bounded by the pytest timeout below
+        found = re.search(r"http://([\d.]+):(\d+)/v1", line)
+        assert found, line + process.stderr.read() if process.poll() is not None else line
+        yield process, f"http://{found.group(1)}:{found.group(2)}"
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(WAIT)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_finishes_the_running_request_and_exits_zero(tiny_pair, signum):
+    target, draft = tiny_pair
+    with serve_process("-m", str(target), "--draft", str(draft), "--spec", "ngram+draft", "-c", str(N_CTX), "-t", "1") as (process, url):
+        assert [m.id for m in client(url).models.list()] == [target.stem]
+        stream = client(url).chat.completions.create(model=target.stem, messages=[{"role": "user", "content": "Go on."}],
+                                                     max_tokens=300, temperature=0, stream=True)  # fmt: skip
+        chunks = [next(iter(stream))]
+        process.send_signal(signum)
+        chunks += list(stream)
+        assert chunks[-1].choices and chunks[-1].choices[0].finish_reason in ("stop", "length")
+        assert process.wait(WAIT) == 0
+        assert "stopped" in process.stderr.read()
+
+
+def test_a_port_in_use_is_one_error_line(tiny_pair):
+    sock = listen("127.0.0.1", 0)
+    try:
+        port = sock.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "specllm", "serve", "-m", str(tiny_pair[0]), "--spec", "off",
+                                 "--port", str(port), "-c", str(N_CTX)], capture_output=True, text=True, timeout=WAIT)  # fmt: skip
+    finally:
+        sock.close()
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"Error: cannot listen on 127.0.0.1:{port}") and result.stderr.count("\n") == 1
+
+
+# -- the default pair: the server's text is `specllm run`'s -------------------------------------
+
+
+@pytest.mark.real
+def test_streamed_chat_on_the_default_pair_equals_specllm_run(qwen_pair):
+    prompt = "Write a Python function that returns the n-th Fibonacci number."
+    flags = ["--spec", "ngram+draft", "-c", "1024", "-t", "2", "--temp", "0"]
+    target, draft = qwen_pair
+    run = subprocess.run([sys.executable, "-m", "specllm", "run", "-m", str(target), "--draft", str(draft), *flags,
+                          "-n", "48", "-p", prompt, "--json"], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    options = LoadOptions(n_ctx=1024, n_threads=2)
+    engine = Engine(ModelPaths(target, draft), SpecConfig("ngram+draft"), options, options)
+    try:
+        with running(Service(engine, "qwen")) as url:
+            stream = client(url).chat.completions.create(model="qwen", messages=[{"role": "user", "content": prompt}],
+                                                         max_tokens=48, temperature=0, stream=True)  # fmt: skip
+            text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    finally:
+        engine.close()
+    assert text == json.loads(run.stdout)["text"]
