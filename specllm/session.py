@@ -21,14 +21,16 @@ from specllm.engine.costmodel import (
 )
 from specllm.engine.decode import Decoder, fixed_budget
 from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
-from specllm.engine.policy import AutoDrafter, CostAwarePolicy
+from specllm.engine.auto import AutoDrafter
+from specllm.engine.policy import CostAwarePolicy
 from specllm.errors import SpecllmError, UsageError
-from specllm.models import gguf
+from specllm.models import gguf, hfnames
 
 STRATEGIES = ("auto", "off", "ngram", "draft", "ngram+draft")
 VOCAB_SIZE_TOLERANCE = 128  # as llama.cpp's speculative example allows
 VOCAB_CHECK_START = 5
 AUTO_MAX_BATCH = 32  # auto drafts up to AUTO_MAX_BATCH - 1 tokens: the calibrated range
+DRAFT_AUTO_MAX_SHARE = 0.5  # --draft auto: a draft of at most half the target's bytes (a bigger one rarely pays)
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ class Engine:
         ngram = NgramDrafter(spec.ngram_min, spec.ngram_max)
         model = ModelDrafter(self.draft, spec.draft_p_min, self.target.n_vocab) if self.draft else None
         if spec.strategy == "auto":
-            policy = CostAwarePolicy(self.costs().copy(), draft_max=AUTO_MAX_BATCH - 1)
+            policy = CostAwarePolicy(self.costs().copy(), draft_max=AUTO_MAX_BATCH - 1, has_draft_model=model is not None)
             return Decoder(self.target, AutoDrafter(ngram, model, policy), lambda history, limit: limit)
         drafters = {
             "off": [],
@@ -168,3 +170,49 @@ def check_vocab_texts(target: LlamaBackend, draft: LlamaBackend) -> None:
                 f"draft {draft.path.name} does not share the tokenizer of target {target.path.name}: "
                 f"token {token} is {target.token_text(token)!r} vs {draft.token_text(token)!r}"
             )
+
+
+@dataclass(frozen=True)
+class DraftChoice:
+    path: Path | None
+    reason: str
+
+
+def pick_draft(target: Path, candidates: list[tuple[str, Path, bool]]) -> DraftChoice:
+    """`--draft auto`: of (label, path, paired by a preset) candidates, one whose vocabulary passes the
+    same header check as `--draft` and which is much smaller; the preset's pairing first, then an
+    identical token list, then the smallest. Candidates that do not fit are named in the reason."""
+    target_info, target_size = gguf.inspect(target), model_bytes(target)
+    fits, refused = [], []
+    for label, path, paired in candidates:
+        if path.resolve() == Path(target).resolve():
+            continue
+        try:
+            info = gguf.inspect(path)
+            check_vocab_metadata(target_info, info)
+        except SpecllmError as exc:
+            refused.append(f"{label}: {str(exc).rsplit(': ', 1)[-1]}")
+            continue
+        size = model_bytes(path)
+        if size > DRAFT_AUTO_MAX_SHARE * target_size:
+            refused.append(f"{label}: not much smaller ({size / target_size:.2f} of the target's size)")
+            continue
+        same = info.tokens_digest == target_info.tokens_digest
+        fits.append((not paired, not same, size, label, path, info.n_tokens))
+    if not fits:
+        return DraftChoice(None, f"no compatible draft model ({'; '.join(refused) or 'none in the presets or the cache'})")
+    not_paired, not_same, size, label, path, n_tokens = min(fits)
+    vocabulary = "the same token list" if not not_same else "a compatible vocabulary"
+    why = f"{label}: {size / 2**30:.2f} GiB, {size / target_size:.2f} of the target's size, {vocabulary} ({n_tokens} tokens)"
+    return DraftChoice(path, why + ("; the preset pairs them" if not not_paired else ""))
+
+
+def model_bytes(path: Path) -> int:
+    """A model's size on disk: every part of a split GGUF, found beside its first part."""
+    path = Path(path)
+    split = hfnames.split_of(path.name)
+    if split is None:
+        return path.stat().st_size
+    prefix, _, count = split
+    parts = [path.with_name(f"{Path(prefix).name}-{n:05d}-of-{count:05d}.gguf") for n in range(1, count + 1)]
+    return sum(p.stat().st_size for p in parts if p.exists())

@@ -12,7 +12,7 @@ from rich.text import Text
 from specllm.backend import LoadOptions
 from specllm.errors import SpecllmError, UsageError
 from specllm.models import catalog, store
-from specllm.session import Engine, ModelPaths, SpecConfig
+from specllm.session import Engine, ModelPaths, SpecConfig, pick_draft
 
 stderr = Console(stderr=True, highlight=False)
 
@@ -35,7 +35,9 @@ def open_engine(
         target_path = store.resolve_model(model, reg, progress=progress, warn=warn)
         if spec.uses_draft_model:
             draft_name = draft or catalog.resolve_preset_draft(model, reg)
-            if draft_name:
+            if draft_name == "auto":
+                draft_path = auto_draft(model, target_path, reg, progress)
+            elif draft_name:
                 draft_path = store.resolve_model(draft_name, reg, progress=progress, warn=warn)
     options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers)
     draft_options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers_draft)
@@ -45,6 +47,32 @@ def open_engine(
             stderr.print("measuring what a target pass costs on this machine (once for these models, ~20-30 s) ...")
         engine.costs()
     return engine
+
+
+def auto_draft(model: str, target_path, reg: catalog.Registry, progress):
+    """`--draft auto`: a preset's draft for this target, else a compatible, much smaller model in the cache."""
+    candidates, paired = [], []
+    for preset in reg.presets.values():
+        matches = model in (preset.name, preset.target) or target_path.name in reg.models[preset.target].files
+        if preset.draft and matches and preset.draft not in paired:
+            paired.append(preset.draft)
+    for name in paired:
+        try:
+            candidates.append((name, store.ensure_model(reg.models[name], progress=progress, warn=warn), True))
+        except SpecllmError as exc:
+            print(f"draft auto: {name} (the preset's draft) is not available: {exc}", file=sys.stderr)
+    by_file = {store.model_path(m): m.name for m in reg.models.values()}
+    hf_root = catalog.cache_dir() / "models" / "hf"
+    for path in store.cached_files():
+        if all(path != known for _, known, _ in candidates):
+            label = f"hf:{path.relative_to(hf_root).as_posix()}" if path.is_relative_to(hf_root) else by_file.get(path, path.name)
+            candidates.append((label, path, False))
+    choice = pick_draft(target_path, candidates)
+    if choice.path is None:
+        print(f"draft auto: {choice.reason}; running with the n-gram cache alone", file=sys.stderr)
+    else:
+        print(f"draft auto: chose {choice.reason}", file=sys.stderr)
+    return choice.path
 
 
 def warn(message: str) -> None:

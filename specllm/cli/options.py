@@ -26,8 +26,8 @@ COLOR = "auto"
 MAX_THREADS = 512  # GGML_MAX_N_THREADS: llama.cpp crashes on more
 
 # -- options shared by the generating commands (Typer `Annotated` aliases) ----------------
-Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Preset name or path to a GGUF file. [default: the default preset]")]
-Draft = Annotated[Optional[str], typer.Option("--draft", "-md", help="Draft model: preset/model name or GGUF path. [default: the preset's draft]")]
+Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Preset name, hf:ORG/REPO:QUANT (or hf:ORG/REPO/FILE.gguf), or path to a GGUF file. [default: the default preset]")]
+Draft = Annotated[Optional[str], typer.Option("--draft", "-md", help="Draft model: preset/model name, hf:ORG/REPO:QUANT, GGUF path, or auto (a compatible, much smaller model from the presets and the cache). [default: the preset's draft]")]
 Spec = Annotated[str, typer.Option("--spec", help=f"Speculation strategy: {', '.join(STRATEGIES)}.")]
 DraftMax = Annotated[int, typer.Option("--draft-max", help="Most tokens drafted per step.")]
 DraftPMin = Annotated[float, typer.Option("--draft-p-min", help="Draft model stops when its top probability falls below this.")]

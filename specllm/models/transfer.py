@@ -80,7 +80,7 @@ def _fetch_rest(client, url, headers, part: Path, have: int, size: int, report, 
         resumed = have and response.status_code == 206
         done = have if resumed else 0  # a 200 to a Range request is the whole file again
         with open(part, "ab" if resumed else "wb") as out:
-            for chunk in response.iter_bytes(CHUNK):
+            for chunk in response.iter_bytes():  # as they arrive: a break loses no buffered bytes
                 done += len(chunk)
                 if done > size:
                     out.close()
