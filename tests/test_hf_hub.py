@@ -258,3 +258,42 @@ def test_draft_auto_refuses_an_incompatible_model_and_runs_on_the_ngram_cache(ho
     assert done.returncode == 0, done.stderr
     assert "draft auto: no compatible draft model (hf:org/other-GGUF/other.gguf: vocabulary sizes differ " in done.stderr
     assert "; running with the n-gram cache alone" in done.stderr
+
+
+# ---------------------------------------------------------------- the catalog
+
+
+def test_the_gpu_presets_are_listed_with_size_hardware_and_every_part(home):
+    import json
+
+    listing = json.loads(cli("models", "--json").stdout)
+    presets = {p["name"]: p for p in listing["presets"]}
+    models = {m["name"]: m for m in listing["models"]}
+    for size in ("7b", "14b", "32b"):
+        preset = presets[f"qwen2.5-coder-{size}"]
+        assert preset["draft"] == "qwen2.5-coder-0.5b" and "GPU with" in preset["hardware"]
+    for size in ("8b", "14b", "32b"):
+        assert presets[f"qwen3-{size}"]["draft"] == "qwen3-0.6b"
+    big = models["qwen2.5-coder-32b"]
+    assert [f.rsplit("-", 3)[-3:] for f in big["files"]] == [["00001", "of", "00003.gguf"], ["00002", "of", "00003.gguf"], ["00003", "of", "00003.gguf"]]
+    assert big["sha256"] is None and big["verified_by"] == "the hub's LFS metadata" and not big["size_exact"]
+    assert models["qwen2.5-coder-0.5b"]["verified_by"] == "pinned sha256"
+    table = cli("models").stdout
+    assert "GPU with 24 GB (RTX 3090/4090)" in table and "~18.95 GiB" in table
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ('file = "m.gguf"\napprox_size = 5', "missing required field 'hf_repo' (an entry without 'sha256'"),
+        ('hf_repo = "o/r"\nfile = "m.gguf"\nsize = 5', "'size' is the exact size of a pinned file: give 'sha256' too"),
+        ('hf_repo = "o/r"\nfile = "m.gguf"', "missing required field 'approx_size'"),
+        ('hf_repo = "o/r"\nfiles = ["a.gguf", "b.gguf"]\nsize = 4\nsha256 = "' + "ab" * 32 + '"', "a pinned 'sha256' needs a single 'file'"),
+        ('hf_repo = "o/r"\nfile = "a.gguf"\nfiles = ["a.gguf"]\napprox_size = 5', "give either 'file' or 'files'"),
+        ('hf_repo = "o/r"\nfiles = ["x/a.gguf"]\napprox_size = 5', "'file' must be a plain file name"),
+    ],
+)
+def test_hub_verified_entries_are_checked_when_read(home, entry, message):
+    (home / "models.toml").write_text(f'[[model]]\nname = "m"\n{entry}\n')
+    done = cli("models")
+    assert done.returncode == 1 and message in done.stderr and done.stderr.count("\n") == 1

@@ -203,6 +203,8 @@ def _parse_model(table: dict, where: str) -> ModelEntry:
     where = _label(table, where)
     # an entry that names no hub repository must pin its one file (as before hub verification existed)
     pinned_only = "hf_repo" not in table and "files" not in table
+    if pinned_only and "sha256" not in table and "approx_size" in table:
+        raise SpecllmError(f"{where}: missing required field 'hf_repo' (an entry without 'sha256' is verified from the hub)")
     _check_keys(table, _MODEL_KEYS, {"name", "file", "size", "sha256"} if pinned_only else {"name"}, where)
     files = _model_files(table, where)
     pinned = "sha256" in table
@@ -212,6 +214,8 @@ def _parse_model(table: dict, where: str) -> ModelEntry:
         raise SpecllmError(f"{where}: missing required field 'size' (the exact bytes of the pinned file)")
     if pinned and len(files) > 1:
         raise SpecllmError(f"{where}: a pinned 'sha256' needs a single 'file'; split models are verified from the hub")
+    if not pinned and "size" in table:
+        raise SpecllmError(f"{where}: 'size' is the exact size of a pinned file: give 'sha256' too, or 'approx_size' instead")
     if not pinned and "approx_size" not in table:
         raise SpecllmError(f"{where}: missing required field 'approx_size' (bytes, shown by `specllm models`)")
     size = _positive(table, "size", where)
