@@ -32,6 +32,7 @@ class LocalHub:
         self.lfs: dict[tuple[str, str], bool] = {}
         self.faults = Faults()
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
+        self.authorizations: list[str | None] = []  # the Authorization header of each request
         self.gated: set[str] = set()
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -104,6 +105,7 @@ def _handler(hub: LocalHub):
         def _answer(self, head: bool) -> None:
             path = unquote(urlsplit(self.path).path)
             hub.requests.append((self.command, path, self.headers.get("Range")))
+            hub.authorizations.append(self.headers.get("Authorization"))
             parts = path.strip("/").split("/")
             if parts[:2] == ["api", "models"] and len(parts) >= 4:
                 repo = "/".join(parts[2:4])

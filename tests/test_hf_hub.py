@@ -195,6 +195,26 @@ def test_a_download_broken_in_every_try_keeps_its_part_and_the_next_run_resumes(
     assert cache_files(home) == ["hf/org/Tiny-GGUF/tiny-Q4_K_M.gguf", "hf/org/Tiny-GGUF/tiny-Q4_K_M.gguf.verified"]
 
 
+def test_hf_token_is_sent_and_a_gated_repository_says_what_to_do(home, local_hub, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_for_tests")
+    store.resolve_model(f"hf:{REPO}:Q4_K_M")
+    assert local_hub.authorizations and set(local_hub.authorizations) == {"Bearer hf_secret_for_tests"}
+    local_hub.gated.add(SPLIT_REPO)
+    with pytest.raises(SpecllmError, match=f"^{SPLIT_REPO} is gated on the hub: accept its terms there, then set HF_TOKEN$"):
+        store.resolve_model(f"hf:{SPLIT_REPO}:Q4_K_M")
+
+
+def test_a_file_already_in_the_hugging_face_cache_is_linked_not_downloaded(home, local_hub, tiny):
+    from tests.hubserver import COMMIT
+
+    snapshot = home / "hf" / "hub" / "models--org--Tiny-GGUF" / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    (snapshot / "tiny-Q4_K_M.gguf").write_bytes(tiny["target"].read_bytes())
+    path = store.resolve_model(f"hf:{REPO}:Q4_K_M")
+    assert path.read_bytes() == tiny["target"].read_bytes() and local_hub.downloads(".gguf") == []
+    assert path.stat().st_ino == (snapshot / "tiny-Q4_K_M.gguf").stat().st_ino  # one copy on disk
+
+
 def test_offline_mode_uses_the_cache_and_fails_in_one_line_without_it(home, local_hub, monkeypatch):
     store.resolve_model(f"hf:{REPO}:Q4_K_M")
     local_hub.requests.clear()
