@@ -150,6 +150,10 @@ def test_a_split_preset_is_fetched_part_by_part_from_its_repository(home, local_
     listing = cli("models", "--json")
     mine = next(m for m in __import__("json").loads(listing.stdout)["models"] if m["name"] == "mine")
     assert mine["cached"] and mine["verified_by"] == "the hub's LFS metadata" and len(mine["files"]) == 3
+    offline = cli("run", "-m", "qwen2.5-coder-32b", "-p", "hi", env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert offline.returncode == 1 and offline.stderr.count("\n") == 1
+    assert offline.stderr.startswith("Error: model 'qwen2.5-coder-32b' is not downloaded (3 of 3 file(s) missing, e.g. ")
+    assert offline.stderr.rstrip().endswith("and HF_HUB_OFFLINE is set; run `specllm pull qwen2.5-coder-32b` with network")
 
 
 @pytest.mark.parametrize("fault", ["corrupt", "truncate"])
