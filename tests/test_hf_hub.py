@@ -6,6 +6,7 @@ Everything lives under a temporary cache, Hugging Face home and config; the serv
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -24,14 +25,21 @@ from tests.tiny_gguf import write_tiny_gguf
 REPO, SPLIT_REPO = "org/Tiny-GGUF", "org/Tiny-Split-GGUF"
 
 
+def write_tiny(path: Path, seed: int, **kwargs) -> Path:
+    """tiny_gguf's model; where that version still needs a real tokenizer, SmolLM2's from the cache."""
+    if inspect.signature(write_tiny_gguf).parameters["tokenizer_from"].default is inspect.Parameter.empty:
+        kwargs["tokenizer_from"] = store.resolve_model("smollm2-135m")
+    return write_tiny_gguf(path, seed, **kwargs)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict[str, Path]:
     """A target, the same target split in 3 parts, a compatible small draft, an incompatible small model."""
     root = tmp_path_factory.mktemp("hf-tiny")
     out = {
-        "target": write_tiny_gguf(root / "target.gguf", 0),
-        "draft": write_tiny_gguf(root / "draft.gguf", 1, width=16, n_heads=2, n_ff=32),
-        "other": write_tiny_gguf(root / "other.gguf", 2, width=16, n_heads=2, n_ff=32, drop_last_tokens=1000),
+        "target": write_tiny(root / "target.gguf", 0),
+        "draft": write_tiny(root / "draft.gguf", 1, width=16, n_heads=2, n_ff=32),
+        "other": write_tiny(root / "other.gguf", 2, width=16, n_heads=2, n_ff=32, drop_last_tokens=1000),
     }
     split_dir = root / "split"
     split_dir.mkdir()
@@ -41,7 +49,7 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
             super().__init__(path, arch, split_max_tensors=8, **kwargs)
 
     with mock.patch.object(gguf, "GGUFWriter", SplitWriter):
-        write_tiny_gguf(split_dir / "tiny-Q4_K_M.gguf", 0)
+        write_tiny(split_dir / "tiny-Q4_K_M.gguf", 0)
     out["parts"] = sorted(split_dir.glob("*.gguf"))
     return out
 
