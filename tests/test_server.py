@@ -18,11 +18,13 @@ import threading
 import time
 from contextlib import contextmanager
 
+import numpy as np
 import openai
 import pytest
 
-from specllm.backend import LoadOptions
+from specllm.backend import LlamaBackend, LoadOptions
 from specllm.engine.decode import StepDone
+from specllm.engine.sampling import SamplingParams
 from specllm.server.app import Service
 from specllm.server.run import Server, listen
 from specllm.server.worker import StopText
@@ -31,6 +33,7 @@ from specllm.session import Engine, ModelPaths, SpecConfig
 N_CTX = 512
 TINY = LoadOptions(n_ctx=N_CTX, n_threads=1, n_gpu_layers=0)
 WAIT = 60  # seconds: the bound on every wait
+SAMPLES = 600  # temperature > 0 check: requests of 2 tokens, each after a different one
 CODE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
 
 
@@ -170,6 +173,39 @@ def test_reuse_keeps_temperature_zero_text_identical_to_a_fresh_server(tiny_serv
     assert second.choices[0].message.content == alone.choices[0].message.content
 
 
+def test_sampling_under_reuse_follows_the_target_distribution(tiny_server, tiny_pair):
+    """Temperature > 0, each sample served right after a different request (KV prefix and n-gram
+    memory carried over): the texts follow the target's exactly computed distribution."""
+    from tests.stat_helpers import chi_square_pvalue
+    from tests.test_lossless_real import _exact_distribution, _next_probs
+
+    url, _ = tiny_server
+    truth = LlamaBackend(tiny_pair[0], TINY)
+    try:
+        params = SamplingParams(temperature=1.5, top_k=3, top_p=1.0, min_p=0.0)
+        head = truth.tokenize("def add(a, b):")
+        y = int(np.argmax(_next_probs(truth, head, params)))
+        prompt = head + [y] + head  # `S y S`: the n-gram cache proposes y again
+        expected = {}
+        for seq, p in _exact_distribution(truth, prompt, 2, params).items():
+            text = b"".join(truth.token_bytes(t) for t in seq).decode("utf-8", "replace")
+            expected[text] = expected.get(text, 0.0) + p
+    finally:
+        truth.close()
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 1.5, "top_k": 3, "top_p": 1.0, "min_p": 0.0}
+    other = {"model": "tiny", "prompt": "x = [1, 2, 3]", "max_tokens": 2, "temperature": 1.5}
+    texts, drafted = [], 0
+    for _ in range(SAMPLES):
+        assert raw(url, "POST", "/v1/completions", other)[0] == 200
+        status, answer = raw(url, "POST", "/v1/completions", body)
+        assert status == 200, answer
+        texts.append(answer["choices"][0]["text"])
+        drafted += answer["usage"]["speculation"]["drafted"]
+    assert drafted > SAMPLES // 2  # speculation was at work
+    pvalue = chi_square_pvalue(texts, expected)
+    assert pvalue > 1e-3, f"served samples do not follow the target (p={pvalue:.2e})"
+
+
 # -- bad input ------------------------------------------------------------------------------
 
 GOOD = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -297,6 +333,24 @@ def test_a_full_queue_answers_503_and_the_queued_requests_are_served_in_order(pa
     second.join(WAIT)
     assert set(answers) == {"first", "second"}
     assert service.worker.served == 2
+
+
+def test_a_request_whose_client_leaves_while_it_waits_is_never_generated(paced_server):
+    url, service, gate = paced_server
+    first = threading.Thread(target=chat, args=(url, "first"), kwargs={"max_tokens": 3})
+    first.start()
+    until(lambda: service.worker.busy, "the first request to start")
+    host, port = url.removeprefix("http://").split(":")
+    leaving = http.client.HTTPConnection(host, int(port), timeout=WAIT)
+    leaving.request("POST", "/v1/chat/completions", json.dumps({**GOOD, "stream": True}), {"Content-Type": "application/json"})
+    until(lambda: service.worker.queued() == 1, "the second request to wait")
+    leaving.close()
+    time.sleep(0.2)  # the server notices the closed connection
+    gate.set()
+    first.join(WAIT)
+    until(lambda: service.worker.queued() == 0 and not service.worker.busy, "the queue to empty")
+    assert service.worker.served == 1
+    assert chat(url, "still there?", max_tokens=2).choices[0].message.content is not None
 
 
 def test_a_client_that_disconnects_mid_stream_stops_its_generation(paced_server):

@@ -16,6 +16,7 @@ from specllm.engine.stats import Stats
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOPS = 4  # as OpenAI allows
+COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's; chat runs to the context's end
 DEFAULTS = SamplingParams()  # a field left out takes specllm's default, as llama.cpp's server does
 
 
@@ -38,7 +39,7 @@ class Request:
     kind: str  # "chat" or "completion"
     messages: list[dict[str, str]] | None  # chat: roles mapped to the template's (developer -> system)
     prompt: str | list[int] | None  # completion: text, or token ids
-    max_tokens: int | None  # None: as many as the context holds
+    max_tokens: int | None  # None: as many as the context holds (chat)
     params: SamplingParams
     stop: list[str] = field(default_factory=list)
     stream: bool = False
@@ -61,7 +62,7 @@ def parse(kind: str, body: object) -> Request:
     if body.get("logprobs") or body.get("top_logprobs"):
         raise ApiError(400, "logprobs are not supported", "logprobs")
     max_tokens = _get(body, "max_completion_tokens", int, None)
-    max_tokens = _get(body, "max_tokens", int, max_tokens)
+    max_tokens = _get(body, "max_tokens", int, max_tokens if kind == "chat" else COMPLETION_MAX_TOKENS)
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
     stream_options = _get(body, "stream_options", dict, {}) or {}

@@ -131,7 +131,9 @@ class Worker:
                 return
             if self.closing.is_set():
                 job.post("error", busy(SHUTTING_DOWN))
-            elif not job.cancelled.is_set():
+            elif job.cancelled.is_set():  # its client left while it waited: answer so its handler ends
+                job.post("error", ApiError(499, "the client closed the request", kind="client_closed"))
+            else:
                 self.busy = True
                 try:
                     self._serve(job)
