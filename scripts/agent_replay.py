@@ -160,6 +160,14 @@ def specllm_session(port: int, edits: list[dict], file_text: str, max_tokens: in
     return turns, results
 
 
+def run_server(name: str, command: list[str], args, work):
+    """Start a server on a free port, do `work(port)` (-> (turns, results)), stop it."""
+    port = free_port()
+    print(f"{name} ...", file=sys.stderr)
+    with server(command + ["--port", str(port)], port, args.logs / f"agent_replay_{name.replace(' ', '_')}.log"):
+        return work(port)
+
+
 # -- the report ------------------------------------------------------------------------------------
 
 
@@ -194,6 +202,7 @@ def main() -> None:
     parser.add_argument("--llama-python", default=sys.executable, help="interpreter with llama-cpp-python[server]")
     parser.add_argument("--lookup-tokens", type=int, default=10, help="llama_cpp.server --draft_model_num_pred_tokens")
     parser.add_argument("--skip-lookup", action="store_true", help="only plain llama_cpp.server")
+    parser.add_argument("--rounds", type=int, default=1, help="replay the session this many times per server")
     parser.add_argument("--json", type=Path, help="write the measurements here")
     parser.add_argument("--logs", type=Path, default=Path("/tmp"), help="folder for the servers' logs")
     args = parser.parse_args()
@@ -207,39 +216,46 @@ def main() -> None:
     file_text = "\n\n\n".join(e["code"] for e in groups[args.file])
     threads = args.threads or min(os.cpu_count() or 1, 8)
     model_path = resolve_model(args.model)
-    runs = {}
-
-    port = free_port()
-    command = [sys.executable, "-m", "specllm", "serve", "-m", args.model, "--spec", args.spec, "--port", str(port),
-               "-c", str(args.ctx_size), "-t", str(threads)]  # fmt: skip
-    print(f"specllm serve --spec {args.spec} ...", file=sys.stderr)
-    with server(command, port, args.logs / "agent_replay_specllm.log"):
-        turns, runs[f"specllm {args.spec}"] = specllm_session(port, edits, file_text, args.max_tokens)
-
+    spec_name = f"specllm {args.spec}"
+    spec_command = [sys.executable, "-m", "specllm", "serve", "-m", args.model, "--spec", args.spec,
+                    "-c", str(args.ctx_size), "-t", str(threads)]  # fmt: skip
     llama = [args.llama_python, "-m", "llama_cpp.server", "--model", str(model_path), "--n_ctx", str(args.ctx_size),
              "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_gpu_layers", "0"]  # fmt: skip
-    configs = {"llama_cpp.server": []}
+    commands = {spec_name: spec_command, "llama_cpp.server": llama}
     if not args.skip_lookup:
-        configs["llama_cpp.server lookup"] = ["--draft_model", "prompt-lookup-decoding",
-                                              "--draft_model_num_pred_tokens", str(args.lookup_tokens)]  # fmt: skip
-    for name, extra in configs.items():
-        port = free_port()
-        print(f"{name} ...", file=sys.stderr)
-        log = args.logs / f"agent_replay_{name.replace(' ', '_')}.log"
-        with server(llama + extra + ["--port", str(port)], port, log):
-            runs[name] = replay(port, turns, args.max_tokens)
-        for i, result in enumerate(runs[name]):
-            result["prompt_tokens"] = result["prompt_tokens"] or runs[f"specllm {args.spec}"][i]["prompt_tokens"]
+        commands["llama_cpp.server lookup"] = llama + ["--draft_model", "prompt-lookup-decoding",
+                                                       "--draft_model_num_pred_tokens", str(args.lookup_tokens)]  # fmt: skip
+    rounds = {name: [] for name in commands}  # name -> one list of per-turn results per round
+    turns = None
+    for round_ in range(args.rounds):
+        order = list(commands) if round_ % 2 == 0 else list(reversed(commands))  # drift hits every server alike
+        if turns is None:  # the first round's specllm run writes the session
+            order.remove(spec_name)
+            session = lambda port: specllm_session(port, edits, file_text, args.max_tokens)  # noqa: E731
+            rounds[spec_name].append(run_server(spec_name, spec_command, args, session))
+            turns = rounds[spec_name][0][0]
+        for name in order:
+            again = lambda port: (turns, replay(port, turns, args.max_tokens))  # noqa: E731
+            rounds[name].append(run_server(name, commands[name], args, again))
+    rounds = {name: [results for _, results in rs] for name, rs in rounds.items()}
+    runs = {name: min(rs, key=lambda results: sum(r["wall"] for r in results)) for name, rs in rounds.items()}
+    for name, results in runs.items():
+        for i, result in enumerate(results):
+            result["prompt_tokens"] = result["prompt_tokens"] or runs[spec_name][i]["prompt_tokens"]
 
     names = list(runs)
     base_texts = [r["text"] for r in runs[names[0]]]
     same = {n: sum(a == r["text"] for a, r in zip(base_texts, runs[n])) for n in names[1:]}
     print(f"session: {len(edits)} turns on the functions of {args.file} ({', '.join(e['name'] for e in edits)}); "
           f"-n {args.max_tokens}, temperature 0, {threads} threads, model {model_path.name}")  # fmt: skip
+    print(f"best of {args.rounds} round(s) per server (the round with the shortest total wall time); server order alternates")
     print(table(names, runs))
+    for name, rs in rounds.items():
+        totals = ", ".join(f"{sum(r['wall'] for r in results):.1f}" for results in rs)
+        print(f"{name}: total wall s per round: {totals}")
     print("replies identical to specllm's: " + ", ".join(f"{n} {k}/{len(edits)}" for n, k in same.items()))
     if args.json:
-        slim = {n: [{k: v for k, v in r.items() if k != "text"} for r in rs] for n, rs in runs.items()}
+        slim = {n: [[{k: v for k, v in r.items() if k != "text"} for r in results] for results in rs] for n, rs in rounds.items()}
         args.json.write_text(json.dumps({"file": args.file, "max_tokens": args.max_tokens, "runs": slim}, indent=1))
 
 
