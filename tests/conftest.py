@@ -1,28 +1,193 @@
-"""Shared fixtures: tiny generated GGUFs, and real models fetched through the project's own code.
+"""Shared fixtures: a temporary home for every test, tiny generated GGUFs, and real models.
 
-Real models come from `specllm.models.store.resolve_model` (the verified cache, downloading on first
-use). A failed fetch is an error in the test, never a skip: a real-model test that silently
-skips is a gap, not a pass.
+Isolation. `isolated_home` (autouse) points everything specllm writes at a fresh temporary folder
+for each test: the cache (`SPECLLM_CACHE`: costs.json, downloads), the config (`XDG_CONFIG_HOME`),
+`XDG_CACHE_HOME` (pip, matplotlib, ...) and Hugging Face (`HF_HOME`, offline). The user's verified
+models are the one thing shared: the test's cache holds links to them (plus copies of their
+`.verified` sidecars, so nothing is hashed again), and a link is replaced, never written through.
+After the session, `pytest_sessionfinish` fails the run if the user's cache or config folders gained
+or changed a file other than a verified model download.
+
+Calibration results (costs.json) are measured once per session per model set and configuration: a
+test starts with a copy of what earlier tests of this session measured, in its own folder, and what
+it measures is added to that session copy (a temporary file too), never to the user's cache.
+
+Tiers. Real models come from `specllm.models.store.resolve_model` (the user's verified cache,
+downloading on first use). A failed fetch is an error in the test, never a skip: a real-model test
+that silently skips is a gap, not a pass. Every test that uses a real-model fixture is marked `real`
+here, so `-m "not real"` (the fast tier) never downloads; tiny models carry a generated tokenizer.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+from importlib import resources
 from pathlib import Path
 
 import pytest
 
+from specllm.models import catalog
 from specllm.models.store import resolve_model
+from tests.cli_helpers import ROOT
 from tests.tiny_gguf import write_tiny_gguf
 
 DRAFT_NOISE = 0.1  # the tiny draft's weights: the target's plus this much noise (partial agreement)
+REAL_MODEL_FIXTURES = {"smollm2_path", "qwen_pair"}
+
+# The user's own locations, read before any test moves them: models are fetched into (and shared
+# from) this cache; nothing else may land in it or in the config folder.
+USER_ENV = dict(os.environ)
+USER_CACHE = catalog.cache_dir()
+USER_CONFIG = catalog.user_config_path().parent
+USER_XDG = [Path(os.environ.get(var) or Path.home() / sub) for var, sub in (("XDG_CACHE_HOME", ".cache"), ("XDG_CONFIG_HOME", ".config"))]
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "real: uses real GGUF models fetched into the cache (slow)")
+    config._specllm_user_files = _user_files()
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real)
+
+
+# -- isolation -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def session_costs(tmp_path_factory) -> Path:
+    """This session's calibrations (costs.json entries), shared between tests through copies."""
+    return tmp_path_factory.mktemp("session-costs") / "costs.json"
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path_factory, monkeypatch, session_costs) -> Path:
+    """A temporary home for this test; the user's verified models linked into its cache."""
+    home = tmp_path_factory.mktemp("home")
+    cache = home / "cache"
+    _link_verified_models(USER_CACHE / "models", cache / "models")
+    if session_costs.is_file():
+        shutil.copyfile(session_costs, cache / "costs.json")
+    for name in ("SPECLLM_CONFIG", "SPECLLM_DEBUG", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SPECLLM_CACHE", str(cache))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "xdg-cache"))
+    monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    yield home
+    _keep_new_costs(cache / "costs.json", session_costs)
+
+
+@pytest.fixture
+def home(tmp_path, session_costs) -> dict:
+    """The environment of a `specllm` process: an empty model cache (with this session's
+    calibrations), its own config, offline Hugging Face, no colours."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECLLM_", "HF_"))}
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    if session_costs.is_file():
+        shutil.copyfile(session_costs, cache / "costs.json")
+    env |= {
+        "SPECLLM_CACHE": str(cache),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "NO_COLOR": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    yield env
+    _keep_new_costs(cache / "costs.json", session_costs)
+
+
+def _link_verified_models(source: Path, dest: Path) -> None:
+    dest.mkdir(parents=True)
+    if not source.is_dir():
+        return
+    for sidecar in source.glob("*.verified"):
+        model = sidecar.with_name(sidecar.name[: -len(".verified")])
+        if model.is_file():
+            (dest / model.name).symlink_to(model)
+            shutil.copyfile(sidecar, dest / sidecar.name)  # its stamp holds the linked file's size and mtime
+
+
+def _keep_new_costs(cache: Path, session: Path) -> None:
+    """Add the calibrations this test measured to the session's copy (never overwriting one)."""
+    try:
+        measured = json.loads(cache.read_text("utf-8"))
+        known = json.loads(session.read_text("utf-8")) if session.is_file() else {}
+    except (OSError, ValueError):
+        return  # no costs measured, or a test that damages the file on purpose
+    if not isinstance(measured, dict) or not isinstance(known, dict):
+        return
+    new = {key: value for key, value in measured.items() if key not in known and isinstance(value, dict)}
+    if new:
+        session.write_text(json.dumps(known | new), "utf-8")
+
+
+def _user_files() -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every file under the user's specllm cache and config folders but the model
+    downloads, plus the names directly inside the user's cache and config folders."""
+    files = {}
+    for root in (USER_CACHE, USER_CONFIG):
+        for path in root.rglob("*") if root.is_dir() else ():
+            if path.is_file() and not _is_model_download(path):
+                stat = path.stat()
+                files[str(path)] = (stat.st_size, stat.st_mtime_ns)
+    for root in USER_XDG:
+        for path in root.iterdir() if root.is_dir() else ():
+            files.setdefault(str(path), (0, 0))
+    return files
+
+
+def _is_model_download(path: Path) -> bool:
+    if path.parent != USER_CACHE / "models":
+        return False
+    model = path.with_name(path.name[: -len(".verified")]) if path.name.endswith(".verified") else path
+    return Path(str(model) + ".verified").is_file()
+
+
+def user_files_changed(before: dict[str, tuple[int, int]]) -> list[str]:
+    after = _user_files()
+    return sorted(path for path, stamp in after.items() if path not in before or (stamp != (0, 0) and before[path] != stamp))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before = getattr(session.config, "_specllm_user_files", None)
+    if before is None:
+        return
+    changed = user_files_changed(before)
+    if changed:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = "the test run wrote into the user's cache or config folders: " + ", ".join(changed)
+        if reporter is not None:
+            reporter.write_line(f"ERROR: {message}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# -- models ----------------------------------------------------------------------------------
 
 
 def _fetch(name: str) -> Path:
-    return resolve_model(name)  # raises SpecllmError (the test errors) when it cannot be fetched
+    """A real model through the project's own code, into the user's cache (their settings, not the test's)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key in set(os.environ) - set(USER_ENV):
+            patch.delenv(key)
+        for key, value in USER_ENV.items():
+            patch.setenv(key, value)
+        patch.delenv("SPECLLM_CONFIG", raising=False)
+        patch.setenv("SPECLLM_CACHE", str(USER_CACHE))
+        return resolve_model(name, _builtin_registry())
+
+
+def _builtin_registry() -> catalog.Registry:
+    """The shipped models.toml alone: a user's overrides do not change what the tests load."""
+    text = resources.files("specllm.models").joinpath("models.toml").read_text("utf-8")
+    return catalog.parse_registry(text, catalog.BUILTIN)
 
 
 @pytest.fixture(scope="session")
@@ -42,10 +207,8 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_pair(tiny_dir, smollm2_path) -> tuple[Path, Path]:
-    """(target, draft): tiny random models sharing SmolLM2's tokenizer; the draft mostly agrees."""
-    target = write_tiny_gguf(tiny_dir / "tiny-target.gguf", 0, tokenizer_from=smollm2_path)
-    draft = write_tiny_gguf(
-        tiny_dir / "tiny-draft.gguf", 1, tokenizer_from=smollm2_path, base_seed=0, noise=DRAFT_NOISE
-    )
+def tiny_pair(tiny_dir) -> tuple[Path, Path]:
+    """(target, draft): tiny random models sharing the generated tokenizer; the draft mostly agrees."""
+    target = write_tiny_gguf(tiny_dir / "tiny-target.gguf", 0)
+    draft = write_tiny_gguf(tiny_dir / "tiny-draft.gguf", 1, base_seed=0, noise=DRAFT_NOISE)
     return target, draft

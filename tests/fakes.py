@@ -6,7 +6,15 @@ KV cache*, so a wrong rewind or a position mix-up changes the output and fails a
 
 from __future__ import annotations
 
+import os
+import signal
+
 import numpy as np
+
+from specllm.chat import encode_messages
+from specllm.engine.decode import Decoder, fixed_budget
+from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
+from specllm.engine.sampling import SamplingParams
 
 
 class FakeBackend:
@@ -73,3 +81,64 @@ class LogitsRecorder:
         for row, logits in zip(rows, out):
             self.rows[start + row] = logits.copy()
         return out
+
+
+class ChatFakeBackend(FakeBackend):
+    """FakeBackend with a chat template, and text that round-trips: 'a' is token 0, 'b' token 1, ...
+
+    `interrupt_at`: send SIGINT to this process once that many evaluations have run (a Ctrl-C mid-reply),
+    `presses` times in a row.
+    """
+
+    add_bos = False
+
+    def __init__(self, *args, interrupt_at: int | None = None, presses: int = 1, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.interrupt_at, self.presses = interrupt_at, presses
+
+    def tokenize(self, text, *, add_special=False, parse_special=False):
+        return [(ord(ch) - ord("a")) % self.n_vocab for ch in text]
+
+    def apply_chat_template(self, messages, add_assistant=True):
+        rendered = "".join(f"<{m['role']}>{m['content']}|" for m in messages)
+        return rendered + ("<assistant>" if add_assistant else "")
+
+    def evaluate(self, tokens, rows):
+        out = super().evaluate(tokens, rows)
+        if self.interrupt_at is not None and len(self.evaluations) == self.interrupt_at:
+            for _ in range(self.presses):
+                os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+
+class FakeEngine:
+    """What the chat loop needs from session.Engine: a target, an optional draft, fresh decoders."""
+
+    def __init__(self, n_ctx=512, seed=0, eog=None, with_draft=False, interrupt_at=None, presses=1):
+        self.target = ChatFakeBackend(seed=seed, n_ctx=n_ctx, eog=eog, interrupt_at=interrupt_at, presses=presses)
+        self.draft = FakeBackend(seed=seed, n_ctx=n_ctx) if with_draft else None
+        self.strategies: list[str] = []
+
+    def decoder(self, strategy: str | None = None) -> Decoder:
+        strategy = strategy or "auto"
+        self.strategies.append(strategy)
+        for model in (self.target, self.draft):
+            if model is not None:
+                model.rewind(0)
+        drafters = []
+        if strategy in ("auto", "ngram", "ngram+draft"):
+            drafters.append(NgramDrafter(2, 4))
+        if strategy in ("auto", "draft", "ngram+draft") and self.draft is not None:
+            drafters.append(ModelDrafter(self.draft, 0.0))
+        drafter = None if not drafters else drafters[0] if len(drafters) == 1 else ChainDrafter(drafters)
+        return Decoder(self.target, drafter, fixed_budget(4))
+
+    def close(self) -> None:
+        pass
+
+
+def reference_reply(messages, max_tokens, n_ctx=512, seed=0, eog=None) -> str:
+    """What a fresh plain decoder replies to these messages at temperature 0."""
+    target = ChatFakeBackend(seed=seed, n_ctx=n_ctx, eog=eog)
+    events = list(Decoder(target).generate(encode_messages(target, messages), max_tokens, SamplingParams(temperature=0.0), np.random.default_rng(0)))
+    return events[-1].text

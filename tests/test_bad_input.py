@@ -2,8 +2,8 @@
 
 Every failure must be one `Error: ...` line on stderr naming the file or flag and the problem,
 exit code 2 for usage and 1 for the rest, no traceback, nothing on stdout and nothing
-half-written in the cache. Models are tiny GGUFs (SmolLM2's tokenizer, random weights), so a
-whole run takes about a second.
+half-written in the cache. Models are tiny GGUFs (a generated tokenizer, random weights), so a
+whole run takes about a second. `home` (conftest.py) is each run's environment: an empty cache.
 """
 
 from __future__ import annotations
@@ -12,74 +12,22 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from specllm.backend import LoadOptions
 from specllm.engine.sampling import SamplingParams
-from specllm.models.store import resolve_model
 from specllm.session import Engine, ModelPaths, SpecConfig
+from tests.cli_helpers import assert_one_error, cache_leftovers, specllm
 from tests.tiny_gguf import truncate_in_header, truncate_in_tensor_data, write_tiny_gguf, write_unknown_architecture
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-# -- running specllm ------------------------------------------------------------------------
-
-
-@pytest.fixture
-def home(tmp_path) -> dict:
-    """An empty cache and config, offline Hugging Face, no colours: the environment of each run."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECLLM_", "HF_"))}
-    env |= {
-        "SPECLLM_CACHE": str(tmp_path / "cache"),
-        "XDG_CONFIG_HOME": str(tmp_path / "config"),
-        "HF_HUB_OFFLINE": "1",
-        "HF_HOME": str(tmp_path / "hf"),
-        "NO_COLOR": "1",
-        "PYTHONPATH": str(ROOT),
-    }
-    return env
-
-
-def specllm(env: dict, *args, stdin: bytes = b"", prefix: tuple = (), timeout: float = 180) -> subprocess.CompletedProcess:
-    """`specllm ARGS` in a real process. Generating commands get one thread unless the test sets
-    --threads: llama.cpp's threads wait for each other at every step, which crawls on a busy machine."""
-    args = [str(a) for a in args]
-    if args[:1] in (["run"], ["chat"], ["bench"]) and not {"-t", "--threads"} & set(args):
-        args = [args[0], "-t", "1", *args[1:]]
-    command = [*prefix, sys.executable, "-m", "specllm", *args]
-    done = subprocess.run(command, input=stdin, capture_output=True, env=env, timeout=timeout, cwd=ROOT)
-    done.stdout, done.stderr = done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace")
-    return done
-
-
-def assert_one_error(done: subprocess.CompletedProcess, code: int, *fragments: str) -> str:
-    """Exit `code`, stdout empty, stderr exactly one `Error: ...` line holding every fragment."""
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert "Traceback" not in done.stderr, done.stderr
-    assert len(lines) == 1 and lines[0].startswith("Error: "), done.stderr
-    assert done.returncode == code, (done.returncode, done.stderr)
-    assert done.stdout == ""
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-    return lines[0]
-
-
-def cache_leftovers(env: dict) -> list[str]:
-    """Model files in the cache (costs.json, a finished measurement, is not one)."""
-    models = Path(env["SPECLLM_CACHE"]) / "models"
-    return sorted(p.name for p in models.iterdir()) if models.exists() else []
 
 
 # -- model files --------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def broken(tiny_pair, tmp_path_factory, smollm2_path) -> dict[str, Path]:
+def broken(tiny_pair, tmp_path_factory) -> dict[str, Path]:
     target, _ = tiny_pair
     folder = tmp_path_factory.mktemp("broken")
     (folder / "a-folder.gguf").mkdir()
@@ -96,8 +44,8 @@ def broken(tiny_pair, tmp_path_factory, smollm2_path) -> dict[str, Path]:
         "not GGUF": folder / "notes.gguf",
         "truncated header": truncate_in_header(target, folder / "cut-header.gguf"),
         "truncated data": truncate_in_tensor_data(target, folder / "cut-data.gguf"),
-        "unknown architecture": write_unknown_architecture(folder / "arch.gguf", tokenizer_from=smollm2_path),
-        "smaller vocabulary": write_tiny_gguf(folder / "small-vocab.gguf", 1, tokenizer_from=smollm2_path, drop_last_tokens=1000),
+        "unknown architecture": write_unknown_architecture(folder / "arch.gguf"),
+        "smaller vocabulary": write_tiny_gguf(folder / "small-vocab.gguf", 1, drop_last_tokens=1000),
     }
 
 
@@ -136,8 +84,8 @@ def test_broken_model_file_is_one_line_naming_the_file(home, broken, tiny_pair, 
     assert cache_leftovers(home) == []
 
 
-def test_draft_of_another_tokenizer_family_is_refused(home, smollm2_path):
-    qwen_draft = resolve_model("qwen2.5-coder-0.5b")
+def test_draft_of_another_tokenizer_family_is_refused(home, smollm2_path, qwen_pair):
+    qwen_draft = qwen_pair[1]
     done = specllm(home, "run", "-m", smollm2_path, "--draft", qwen_draft, "--spec", "draft", "-p", "hi")
     assert_one_error(done, 1, f"draft {qwen_draft.name} does not share the tokenizer of target {smollm2_path.name}")
 

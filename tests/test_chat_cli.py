@@ -19,7 +19,7 @@ from specllm.cli import app
 from specllm.cli import common as c
 from specllm.cli.chat_loop import LEAVE_HINT, ChatLoop
 from specllm.engine.sampling import SamplingParams
-from tests.test_chat import FakeEngine, reference_reply
+from tests.fakes import FakeEngine, reference_reply
 
 GREEDY_FLAGS = ["--temp", "0", "-n", "6"]
 

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -26,8 +27,8 @@ from specllm.cli.interrupt import Terminated
 from specllm.errors import SpecllmError
 from specllm.models import hub
 from specllm.models.catalog import Mirror
-from tests.test_bad_input import ROOT, assert_one_error, cache_leftovers, home, specllm  # noqa: F401 - home is a fixture
-from tests.test_hub import DATA, build_wheel, chunked_wheels, entry_for, leftovers
+from tests.cli_helpers import ROOT, assert_one_error, cache_leftovers, specllm
+from tests.wheels import DATA, build_wheel, chunked_wheels, entry_for, leftovers
 
 
 @pytest.fixture(autouse=True)
@@ -189,7 +190,7 @@ CLOSED_PIPE = {
     "run": (["run", *LONG_RUN], b""),
     "run --verbose": (["run", *LONG_RUN, "--verbose"], b""),
     "chat": (["chat", *LONG_RUN[:-2]], b"Tell me a long story.\n" * 3),
-    "bench": (["bench", "-t", "1", "-c", "512", "-n", "8", "--limit", "1", "--strategies", "off"], b""),
+    "bench": (["bench", "-t", "1", "-c", "1024", "-n", "8", "--limit", "1", "--strategies", "off"], b""),
     "models": (["models"], b""),
 }
 
@@ -265,7 +266,7 @@ def test_signal_during_run_json_still_writes_the_object(home, tiny_pair, sig, co
     assert result["finish_reason"] == "interrupted" and len(result["tokens"]) > 0 and result["text"]
 
 
-BENCH = ["bench", "-t", "1", "-c", "512", "-n", "8", "--limit", "1", "--strategies", "off,ngram"]
+BENCH = ["bench", "-t", "1", "-c", "1024", "-n", "8", "--limit", "1", "--strategies", "off,ngram"]
 
 
 def test_bench_json_on_a_full_disk_is_one_error_after_the_table(home, tiny_pair):
@@ -322,20 +323,34 @@ def test_bench_plot_on_a_full_disk_is_one_error(tiny_pair, monkeypatch, isolated
 
 
 def test_ctrl_c_during_bench_writes_partial_results(tiny_pair, monkeypatch, tmp_path, isolated, capsys):
+    """A real SIGINT while bench is between its third and fourth run.
+
+    Python turns SIGINT into KeyboardInterrupt only where SIGINT was not ignored at startup, and a
+    process started in the background by a non-interactive shell (`pytest &`, some CI runners)
+    inherits it ignored: the signal was then lost and bench finished with exit 0. The test installs
+    Python's handler, as a terminal gives it, and delivers the signal to the main thread (a signal
+    sent to the process may land on one of llama.cpp's threads and run the handler late), so the
+    interrupt happens exactly there; if it does not, the test says so instead of timing out."""
     real_run_bench = bench_cmd.run_bench
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def interrupted_after_three_runs(engine, workload, settings):
         for n, run in enumerate(real_run_bench(engine, workload, settings), 1):
             yield run
             if n == 3:
-                os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, delivered to this process
-                time.sleep(1)
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # a real Ctrl-C
+                for _ in range(100):  # the handler runs at the next bytecode: this loop never ends normally
+                    time.sleep(0.05)
+                pytest.fail("SIGINT did not interrupt bench within 5 s")
 
     monkeypatch.setattr(bench_cmd, "run_bench", interrupted_after_three_runs)
     report = tmp_path / "bench.json"
-    code = run_main([*BENCH, "-m", str(tiny_pair[0]), "--json", str(report)])
+    try:
+        code = run_main([*BENCH, "-m", str(tiny_pair[0]), "--json", str(report)])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     captured = capsys.readouterr()
-    assert code == 130
+    assert code == 130, captured.err
     assert "interrupted: reporting the 3 of 8 runs that finished (partial)" in captured.err
     assert captured.err.rstrip().endswith("Interrupted.")
     data = json.loads(report.read_text())

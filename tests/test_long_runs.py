@@ -4,9 +4,10 @@
   Python heap grow by a bounded amount per token held in the context, and nothing is left behind
   between generations.
 - Greedy output over 1200 tokens, several prompts, every strategy, is the output of plain decoding.
-  Batched evaluation takes other float paths than one-token evaluation, so an exact tie can
+  Batched evaluation takes other float paths than one-token evaluation, so a near tie can
   resolve differently; a divergence passes only at such a tie (both paths rank the two tokens
-  within TIE of each other) and the comparison then resumes from the speculative prefix.
+  within the rounding noise of tests/logit_noise.py) and the comparison then resumes from the
+  speculative prefix.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from specllm.engine.decode import Done, StepDone, generate_plain
 from specllm.engine.sampling import SamplingParams
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.fakes import LogitsRecorder
+from tests.logit_noise import tie_tolerance
 
 N_CTX = 2048
 GREEDY = SamplingParams(temperature=0.0)
 LONG = 1200
-TIE = 0.02  # f32 logits of the tiny models: batched and one-token paths differ by ~1e-3
 MAX_FLIPS = 3
 PROMPTS = {
     "code": "def add(a, b):\n    return a + b\n\ndef sub(a, b):",
@@ -147,7 +148,8 @@ def _compare(engine, prompt, spec, spec_rows, plain, plain_rows, label) -> None:
         p_row, s_row = plain_rows[position], spec_rows[position]
         chosen = (int(np.argmax(p_row)), int(np.argmax(s_row)))
         margins = (float(p_row[chosen[0]] - p_row[chosen[1]]), float(s_row[chosen[1]] - s_row[chosen[0]]))
-        assert max(margins) < TIE, f"{label}: token {i} differs: plain {chosen[0]}, speculative {chosen[1]}, margins {margins}"
+        tie = tie_tolerance(p_row)
+        assert max(margins) < tie, f"{label}: token {i} differs: plain {chosen[0]}, speculative {chosen[1]}, margins {margins} (tie: {tie:.3f})"
         flips += 1
         assert flips <= MAX_FLIPS, f"{label}: too many tie flips"
         done = i + 1

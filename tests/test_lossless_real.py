@@ -251,15 +251,15 @@ def test_smollm2_cannot_draft_for_qwen(qwen_pair, smollm2_path):
     assert qwen_pair[0].name in message and smollm2_path.name in message
 
 
-def test_vocabulary_sizes_beyond_tolerance_are_refused(tiny_pair, tiny_dir, smollm2_path):
-    short = write_tiny_gguf(tiny_dir / "tiny-short-200.gguf", 1, tokenizer_from=smollm2_path, drop_last_tokens=200)
+def test_vocabulary_sizes_beyond_tolerance_are_refused(tiny_pair, tiny_dir):
+    short = write_tiny_gguf(tiny_dir / "tiny-short-200.gguf", 1, drop_last_tokens=200)
     with pytest.raises(SpecllmError, match="vocabulary sizes differ") as caught:
         _engine(tiny_pair[0], short)
     assert tiny_pair[0].name in str(caught.value) and short.name in str(caught.value)
 
 
-def test_vocabulary_sizes_within_tolerance_pass_when_texts_agree(tiny_pair, tiny_dir, smollm2_path):
-    short = write_tiny_gguf(tiny_dir / "tiny-short-100.gguf", 1, tokenizer_from=smollm2_path, drop_last_tokens=100)
+def test_vocabulary_sizes_within_tolerance_pass_when_texts_agree(tiny_pair, tiny_dir):
+    short = write_tiny_gguf(tiny_dir / "tiny-short-100.gguf", 1, drop_last_tokens=100)
     engine = _engine(tiny_pair[0], short)
     try:
         assert engine.draft.n_vocab == engine.target.n_vocab - 100
@@ -268,9 +268,9 @@ def test_vocabulary_sizes_within_tolerance_pass_when_texts_agree(tiny_pair, tiny
         engine.close()
 
 
-def test_a_differing_token_text_is_refused(tiny_pair, tiny_dir, smollm2_path):
+def test_a_differing_token_text_is_refused(tiny_pair, tiny_dir):
     renamed = write_tiny_gguf(
-        tiny_dir / "tiny-renamed.gguf", 1, tokenizer_from=smollm2_path, token_edits={30000: "specllm-renamed"}
+        tiny_dir / "tiny-renamed.gguf", 1, token_edits={30000: "specllm-renamed"}
     )
     with pytest.raises(SpecllmError, match="token 30000") as caught:
         _engine(tiny_pair[0], renamed)

@@ -1,8 +1,10 @@
 """Tiny random-weight llama GGUFs for fast backend tests, and broken GGUFs for error paths.
 
-The tokenizer is copied from a real GGUF (SmolLM2-135M: 49152 gpt2 BPE tokens), so text
-round-trips and the vocabulary checks behave as with real models, while the network is a
-few f32 layers of width 64 that llama.cpp evaluates in well under a millisecond.
+The tokenizer is generated here (`tiny_tokenizer`): a gpt2 byte-level BPE of 49152 tokens laid out
+as SmolLM2-135M's (the same 17 control tokens first, `<|im_end|>` the end token, a ChatML chat
+template), so text round-trips and the vocabulary checks behave as with real models, and the fast
+tier needs no download. A real GGUF's tokenizer can still be copied (`tokenizer_from`). The network
+is a few f32 layers of width 64 that llama.cpp evaluates in well under a millisecond.
 
 The output projection is scaled by `sharpness` (the standard deviation of the logits), so
 the next-token distributions are peaked: a handful of tokens hold most of the mass, which
@@ -12,6 +14,8 @@ makes sampling non-trivial and the outcome space of a few tokens small.
 from __future__ import annotations
 
 import functools
+import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,11 +63,122 @@ def read_tokenizer(path: str) -> Tokenizer:
     )
 
 
+# -- a generated tokenizer ------------------------------------------------------------------
+
+TINY_VOCAB = 49152  # SmolLM2's size, so messages about vocabulary sizes read as with the real family
+CONTROL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<reponame>", "<file_sep>", "<filename>",
+    "<gh_stars>", "<issue_start>", "<issue_comment>", "<issue_closed>", "<jupyter_start>", "<jupyter_text>",
+    "<jupyter_code>", "<jupyter_output>", "<jupyter_script>", "<empty_output>",
+)  # fmt: skip
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+N_MERGES = 600
+# The text the merges are learned from: English and Python, so prompts of either get multi-byte tokens.
+CORPUS = """
+The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun. Write a Python function
+that reverses a string. Summarise the following text in three sentences. In three sentences, why did the
+Roman Empire split into east and west? Tell me a long story about a cat that sat on the mat. Add type hints
+and a concise docstring to this function; keep everything else exactly the same and reply with the code only.
+def add(a, b):
+    return a + b
+
+def sub(a, b):
+    return a - b
+
+class Stack:
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        self.items.append(item)
+
+    def pop(self):
+        if not self.items:
+            raise IndexError("pop from an empty stack")
+        return self.items.pop()
+
+for i in range(10):
+    print(f"{i}: {i * i}")
+import os, sys, json
+with open(path, "r", encoding="utf-8") as handle:
+    data = json.load(handle)
+"""
+_PIECES = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+")
+
+
+def byte_symbols() -> list[str]:
+    """GPT-2's byte-to-character table: byte b is token text byte_symbols()[b] (a space is 'Ġ')."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {b: chr(b) for b in printable}, 0
+    for b in range(256):
+        if b not in table:
+            table[b], extra = chr(256 + extra), extra + 1
+    return [table[b] for b in range(256)]
+
+
+def _learn_merges(text: str, n_merges: int) -> list[tuple[str, str]]:
+    """Plain BPE training on the pieces of `text`: the most frequent adjacent pair is merged, `n_merges` times."""
+    symbols = byte_symbols()
+    words = Counter(tuple(symbols[b] for b in piece.encode("utf-8")) for piece in _PIECES.findall(text))
+    merges = []
+    for _ in range(n_merges):
+        pairs = Counter()
+        for word, count in words.items():
+            for pair in zip(word, word[1:]):
+                pairs[pair] += count
+        if not pairs:
+            break
+        best = max(pairs, key=lambda pair: (pairs[pair], pair))  # ties broken by the text: deterministic
+        merges.append(best)
+        merged = Counter()
+        for word, count in words.items():
+            out, i = [], 0
+            while i < len(word):
+                if i + 1 < len(word) and (word[i], word[i + 1]) == best:
+                    out.append(word[i] + word[i + 1])
+                    i += 2
+                else:
+                    out.append(word[i])
+                    i += 1
+            merged[tuple(out)] += count
+        words = merged
+    return merges
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_tokenizer() -> Tokenizer:
+    """Control tokens, the 256 bytes, the learned merges, then filler words up to TINY_VOCAB tokens.
+
+    Fillers are normal tokens no merge produces: the model can generate them (they read as words),
+    a prompt never tokenizes to them. Built in well under a second, once per process.
+    """
+    merges = _learn_merges(CORPUS, N_MERGES)
+    tokens = [*CONTROL_TOKENS, *byte_symbols()]
+    known = set(tokens)
+    for left, right in merges:
+        if left + right not in known:
+            tokens.append(left + right)
+            known.add(left + right)
+    tokens += [f"Ġfiller{i}" for i in range(TINY_VOCAB - len(tokens))]
+    types = [3] * len(CONTROL_TOKENS) + [1] * (len(tokens) - len(CONTROL_TOKENS))  # 3: control, 1: normal
+    scalars = (
+        ("tokenizer.ggml.model", "str", "gpt2"), ("tokenizer.ggml.pre", "str", "smollm"),
+        ("tokenizer.ggml.bos_token_id", "u32", 1), ("tokenizer.ggml.eos_token_id", "u32", 2),
+        ("tokenizer.ggml.unknown_token_id", "u32", 0), ("tokenizer.ggml.padding_token_id", "u32", 2),
+        ("tokenizer.ggml.add_bos_token", "bool", False), ("tokenizer.ggml.add_space_prefix", "bool", False),
+        ("tokenizer.chat_template", "str", CHATML),
+    )  # fmt: skip
+    return Tokenizer(tuple(tokens), tuple(types), tuple(f"{a} {b}" for a, b in merges), scalars)
+
+
 def write_tiny_gguf(
     path: str | Path,
     seed: int,
     *,
-    tokenizer_from: str | Path,
+    tokenizer_from: str | Path | None = None,
     n_layers: int = 2,
     width: int = 64,
     n_heads: int = 4,
@@ -81,10 +196,11 @@ def write_tiny_gguf(
     With `base_seed`, the weights are those of `base_seed` plus `noise` times those of `seed`:
     a draft model that mostly agrees with its target but not exactly. `drop_last_tokens` cuts
     the vocabulary (and the merges producing the cut tokens), and `token_edits` (id -> text)
-    renames tokens, for vocabulary-mismatch tests.
+    renames tokens, for vocabulary-mismatch tests. The tokenizer is `tiny_tokenizer()` unless
+    `tokenizer_from` names a GGUF to copy it from.
     """
     path = Path(path)
-    tok = read_tokenizer(str(tokenizer_from))
+    tok = tiny_tokenizer() if tokenizer_from is None else read_tokenizer(str(tokenizer_from))
     n_vocab = len(tok.tokens) - drop_last_tokens
     shapes = _tensor_shapes(n_layers, width, n_ff, n_vocab)
     weights = _weights(shapes, seed)
@@ -188,6 +304,6 @@ def truncate_in_tensor_data(source: str | Path, dest: str | Path, cut: int = 100
     return dest
 
 
-def write_unknown_architecture(path: str | Path, *, tokenizer_from: str | Path) -> Path:
+def write_unknown_architecture(path: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
     """A well-formed GGUF whose `general.architecture` llama.cpp does not know."""
     return write_tiny_gguf(path, 0, tokenizer_from=tokenizer_from, n_layers=1, architecture="nonsense")
