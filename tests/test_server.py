@@ -24,13 +24,14 @@ import pytest
 
 from specllm.backend import LlamaBackend, LoadOptions
 from specllm.engine.decode import StepDone
-from specllm.engine.sampling import SamplingParams
+from specllm.engine.sampling import SamplingParams, warp
 from specllm.server.app import Service
 from specllm.server.run import Server, listen
 from specllm.server.worker import StopText
 from specllm.session import Engine, ModelPaths, SpecConfig
+from tests.stat_helpers import chi_square_pvalue
 
-N_CTX = 512
+N_CTX = 2048
 TINY = LoadOptions(n_ctx=N_CTX, n_threads=1, n_gpu_layers=0)
 WAIT = 60  # seconds: the bound on every wait
 SAMPLES = 600  # temperature > 0 check: requests of 2 tokens, each after a different one
@@ -173,23 +174,41 @@ def test_reuse_keeps_temperature_zero_text_identical_to_a_fresh_server(tiny_serv
     assert second.choices[0].message.content == alone.choices[0].message.content
 
 
+def next_probs(model: LlamaBackend, context: list[int], params: SamplingParams) -> np.ndarray:
+    model.rewind(0)
+    return warp(model.evaluate(context, [len(context) - 1])[0], params)
+
+
+def exact_texts(truth: LlamaBackend, prompt: list[int], params: SamplingParams) -> dict[str, float]:
+    """P(text of the first two generated tokens), over every pair the warping allows (an EOG ends early)."""
+    texts: dict[str, float] = {}
+
+    def add(seq: list[int], p: float) -> None:
+        text = b"".join(truth.token_bytes(t) for t in seq).decode("utf-8", "replace")
+        texts[text] = texts.get(text, 0.0) + p
+
+    first = next_probs(truth, prompt, params)
+    for a in map(int, np.flatnonzero(first)):
+        if truth.is_eog(a):
+            add([], first[a])
+            continue
+        second = next_probs(truth, prompt + [a], params)
+        for b in map(int, np.flatnonzero(second)):
+            add([a] if truth.is_eog(b) else [a, b], first[a] * second[b])
+    return texts
+
+
 def test_sampling_under_reuse_follows_the_target_distribution(tiny_server, tiny_pair):
     """Temperature > 0, each sample served right after a different request (KV prefix and n-gram
     memory carried over): the texts follow the target's exactly computed distribution."""
-    from tests.stat_helpers import chi_square_pvalue
-    from tests.test_lossless_real import _exact_distribution, _next_probs
-
     url, _ = tiny_server
     truth = LlamaBackend(tiny_pair[0], TINY)
     try:
         params = SamplingParams(temperature=1.5, top_k=3, top_p=1.0, min_p=0.0)
         head = truth.tokenize("def add(a, b):")
-        y = int(np.argmax(_next_probs(truth, head, params)))
+        y = int(np.argmax(next_probs(truth, head, params)))
         prompt = head + [y] + head  # `S y S`: the n-gram cache proposes y again
-        expected = {}
-        for seq, p in _exact_distribution(truth, prompt, 2, params).items():
-            text = b"".join(truth.token_bytes(t) for t in seq).decode("utf-8", "replace")
-            expected[text] = expected.get(text, 0.0) + p
+        expected = exact_texts(truth, prompt, params)
     finally:
         truth.close()
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 1.5, "top_k": 3, "top_p": 1.0, "min_p": 0.0}
