@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -396,7 +397,9 @@ def serve_process(*args):
     command = [sys.executable, "-m", "specllm", "serve", "--port", "0", *args]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "NO_COLOR": "1"})
     try:
-        line = process.stderr.readline()  # the first line names the address; bounded by the pytest timeout below
+        ready, _, _ = select.select([process.stderr], [], [], WAIT)  # the first line names the address
+        assert ready, "the server printed nothing"
+        line = process.stderr.readline()
         found = re.search(r"http://([\d.]+):(\d+)/v1", line)
         assert found, line + process.stderr.read() if process.poll() is not None else line
         yield process, f"http://{found.group(1)}:{found.group(2)}"
