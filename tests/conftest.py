@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import threading
 from importlib import resources
 from pathlib import Path
 
@@ -79,8 +81,17 @@ def isolated_home(tmp_path_factory, monkeypatch, session_costs) -> Path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / "xdg-cache"))
     monkeypatch.setenv("HF_HOME", str(home / "hf"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # Ctrl-C as at a terminal: a shell that starts pytest in the background hands it SIGINT ignored,
+    # and Python then never installs the handler that turns it into KeyboardInterrupt.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if _main_thread() else None
     yield home
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
     _keep_new_costs(cache / "costs.json", session_costs)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 @pytest.fixture

@@ -181,7 +181,9 @@ def test_builtin_workloads_cover_the_three_kinds():
 def test_calibration_on_a_real_backend_is_sane_and_leaves_caches_empty(tiny_pair):
     from specllm.backend import LlamaBackend, LoadOptions
 
-    target = LlamaBackend(tiny_pair[0], LoadOptions(n_ctx=256, n_threads=2))
+    # One thread for tiny models: llama.cpp's threads meet at a barrier every step, and on a busy
+    # 2-core machine two of them made this calibration take 2 s instead of 0.1 s.
+    target = LlamaBackend(tiny_pair[0], LoadOptions(n_ctx=256, n_threads=1))
     costs = measure_costs(target, target, max_batch=8, repeats=1)
     assert target.n_past == 0
     assert sorted(costs.batch_seconds) == list(range(1, 9))  # every size: none interpolated
@@ -195,7 +197,7 @@ def test_calibration_on_a_real_backend_is_sane_and_leaves_caches_empty(tiny_pair
 def test_calibration_fits_a_context_smaller_than_its_depth_and_batches(tiny_pair):
     from specllm.backend import LlamaBackend, LoadOptions
 
-    target = LlamaBackend(tiny_pair[0], LoadOptions(n_ctx=16, n_threads=2))
+    target = LlamaBackend(tiny_pair[0], LoadOptions(n_ctx=16, n_threads=1))
     costs = measure_costs(target, None, max_batch=32, repeats=1)
     assert max(costs.batch_seconds) <= target.n_ctx and target.n_past == 0
     target.close()
@@ -205,7 +207,7 @@ def test_engine_measures_costs_once_and_caches_them(tmp_path, tiny_pair):
     from specllm.backend import LoadOptions
     from specllm.session import Engine, ModelPaths, SpecConfig
 
-    options = LoadOptions(n_ctx=256, n_threads=2)
+    options = LoadOptions(n_ctx=256, n_threads=1)
     cache = tmp_path / "costs.json"
     engine = Engine(ModelPaths(*tiny_pair), SpecConfig("auto"), options, options, cost_cache=cache)
     assert not engine.costs_known()
