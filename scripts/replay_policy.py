@@ -27,27 +27,81 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+OFF_PATH_STEPS = 6  # past a wrong draft token, how far the draft model's own continuation is recorded
+OFF_PATH_FLOOR = 0.05  # ... stopping once its confidence falls below this (no policy drafts on there)
+
+
 def record(args) -> None:
-    from specllm.backend import LoadOptions
+    from specllm.backend import LlamaBackend, LoadOptions
     from specllm.bench.workloads import load_prompts
     from specllm.engine.decode import Done
     from specllm.engine.sampling import SamplingParams
-    from specllm.models.catalog import load_registry
+    from specllm.models.catalog import load_registry, resolve_preset_draft
     from specllm.models.store import resolve_model
     from specllm.session import Engine, ModelPaths, SpecConfig
 
     registry = load_registry()
     engine = Engine(ModelPaths(resolve_model(registry.default, registry)), SpecConfig("off"), LoadOptions(n_ctx=4096), LoadOptions())
+    draft = LlamaBackend(resolve_model(resolve_preset_draft(registry.default, registry), registry), LoadOptions(n_ctx=4096))
     eog = next(t for t in range(engine.target.n_vocab) if engine.target.is_eog(t))
-    streams = []
-    for prompt in load_prompts(Path(args.prompts)):
+    prompts = load_prompts(Path(args.prompts))
+    if args.limit:
+        prompts = prompts[: args.limit]
+    out = Path(args.out)
+    streams = json.loads(out.read_text())["streams"] if out.exists() else []  # a stopped recording resumes
+    done = {(s["id"], s["category"]) for s in streams}
+    for prompt in prompts:
+        if (prompt.id, prompt.category) in done:
+            continue
         tokens = engine.encode(prompt.text)
         for event in engine.decoder("off").generate(tokens, args.n, SamplingParams(temperature=0.0), np.random.default_rng(0)):
             if isinstance(event, Done):
                 ended = event.finish_reason == "stop"
-                streams.append({"id": prompt.id, "category": prompt.category, "prompt": tokens, "tokens": event.tokens, "stopped": ended})
+                stream = {"id": prompt.id, "category": prompt.category, "prompt": tokens, "tokens": event.tokens, "stopped": ended}
+                stream["draft"] = record_draft(draft, tokens + event.tokens + ([eog] if ended else []), len(tokens), engine.target.n_vocab)
+                streams.append(stream)
                 print(f"{prompt.category:16} {prompt.id:>6} {len(event.tokens)} tokens", file=sys.stderr)
-    Path(args.out).write_text(json.dumps({"eog": eog, "max_tokens": args.n, "streams": streams}))
+        out.write_text(json.dumps({"eog": eog, "max_tokens": args.n, "streams": streams}))  # after every prompt
+
+
+def record_draft(draft, sequence: list[int], prompt_length: int, n_vocab: int) -> dict:
+    """What the draft model proposes after every position of the recorded text, at temperature 0.
+
+    One batched pass over the text gives the draft's argmax and confidence (top probability) for the
+    token after each position from the prompt's last token on: a draft started there is accepted
+    exactly as far as these argmaxes equal the text. Where one does not, the draft model's own
+    continuation is decoded a few steps, for its confidences (the policy's stopping signal); those
+    tokens are rejected whatever they are.
+    """
+    draft.rewind(0)
+    start = prompt_length - 1
+    if start:
+        draft.evaluate(sequence[:start], [])
+    rows = draft.evaluate(sequence[start:-1], list(range(len(sequence) - 1 - start)))[:, :n_vocab]
+    argmax = [int(t) for t in rows.argmax(axis=1)]
+    confidence = [round(float(c), 4) for c in _top_probability(rows)]
+    off_path = {}
+    for i, token in enumerate(argmax):
+        position = start + i
+        if token == sequence[position + 1]:
+            continue
+        draft.rewind(position + 1)
+        steps, last = [], token
+        for _ in range(OFF_PATH_STEPS):
+            row = draft.evaluate([last], [0])[0][:n_vocab]
+            last, top = int(row.argmax()), float(_top_probability(row[None])[0])
+            steps.append([last, round(top, 4)])
+            if top < OFF_PATH_FLOOR:
+                break
+        off_path[str(position)] = steps
+    draft.rewind(0)
+    return {"start": start, "argmax": argmax, "confidence": confidence, "off_path": off_path}
+
+
+def _top_probability(rows: np.ndarray) -> np.ndarray:
+    z = rows.astype(np.float64)
+    z -= z.max(axis=1, keepdims=True)
+    return 1.0 / np.exp(z).sum(axis=1)
 
 
 class Clock:
@@ -58,12 +112,20 @@ class Clock:
         return self.now
 
 
+def _one_hot_row(n_vocab: int, token: int, confidence: float) -> np.ndarray:
+    """Logits whose argmax is `token` with top probability `confidence` (softmax over n_vocab)."""
+    row = np.zeros(n_vocab, dtype=np.float32)
+    c = min(max(confidence, 1e-6), 1 - 1e-6)
+    row[token] = np.log(c * (n_vocab - 1) / (1 - c))
+    return row
+
+
 class ReplayBackend:
     """A target whose greedy choice after every position is the recorded text; passes cost virtual time."""
 
-    def __init__(self, sequence: list[int], eog: int, costs, clock: Clock):
+    def __init__(self, sequence: list[int], eog: int, n_vocab: int, costs, clock: Clock):
         self.sequence, self.eog, self.costs, self.clock = sequence, eog, costs, clock
-        self.n_vocab = max(max(sequence), eog) + 1
+        self.n_vocab = n_vocab
         self.n_ctx = len(sequence) + 64
         self.n_past = 0
 
@@ -86,61 +148,176 @@ class ReplayBackend:
         return b""
 
 
-def simulate(data: dict, costs, draft_max: int, verbose: bool = False) -> dict[str, list[float]]:
-    """Per category: [plain seconds, auto's seconds, oracle seconds, prompts]."""
-    from specllm.bench.harness import oracle_cost, plain_cost
-    from specllm.engine import decode, policy
-    from specllm.engine.decode import Decoder, Done, PrefillDone
-    from specllm.engine.drafters import NgramDrafter
-    from specllm.engine.policy import AutoDrafter, CostAwarePolicy
-    from specllm.engine.sampling import SamplingParams
+class ReplayDraftBackend:
+    """The draft model as recorded: after a prefix of the text, its greedy guess and confidence; after
+    one of its own wrong guesses, its recorded continuation (then no confidence: it stops). A batch of
+    n tokens costs the cost model's catch-up of n, one token a draft step."""
+
+    def __init__(self, sequence: list[int], record: dict, n_vocab: int, costs, clock: Clock):
+        self.sequence, self.costs, self.clock, self.n_vocab = sequence, costs, clock, n_vocab
+        self.start, self.argmax, self.confidence = record["start"], record["argmax"], record["confidence"]
+        self.off_path = {int(k): v for k, v in record["off_path"].items()}
+        self.n_ctx = len(sequence) + 64
+        self.kv: list[int] = []
+
+    @property
+    def n_past(self) -> int:
+        return len(self.kv)
+
+    def evaluate(self, tokens, rows) -> np.ndarray:
+        self.clock.now += self.costs.catch_up(len(tokens)) if len(tokens) > 1 else self.costs.draft_seconds
+        base = len(self.kv)
+        self.kv.extend(tokens)
+        return np.vstack([self._row(base + r) for r in rows])
+
+    def _row(self, q: int) -> np.ndarray:
+        """The draft's next-token logits after kv[: q + 1]."""
+        agree = next((j for j in range(q + 1) if j >= len(self.sequence) or self.kv[j] != self.sequence[j]), q + 1)
+        if agree > q:  # on the recorded text
+            i = q - self.start
+            return _one_hot_row(self.n_vocab, self.argmax[i], self.confidence[i])
+        wrong = agree - 1  # kv[agree] is the draft's own wrong guess after position `wrong`
+        steps = self.off_path.get(wrong, [])
+        j = q - agree
+        if j < len(steps) and all(self.kv[agree + 1 + t] == steps[t][0] for t in range(j)):
+            return _one_hot_row(self.n_vocab, steps[j][0], steps[j][1])
+        return np.zeros(self.n_vocab, dtype=np.float32)  # beyond the recording: no confidence at all
+
+    def rewind(self, n_past: int) -> None:
+        del self.kv[n_past:]
+
+
+def simulate(data: dict, costs, draft_max: int, use_draft: bool = True, verbose: bool = False) -> dict[str, dict[str, float]]:
+    """Per category, seconds on the virtual clock: plain decoding, auto (with the draft model when
+    recorded and `use_draft`), auto with the n-gram cache alone, the n-gram oracle, the two-source
+    oracle; and the prompts."""
+    from specllm.bench.oracle import (
+        ngram_oracle_cost,
+        plain_cost,
+        two_source_oracle_cost,
+    )
+    from specllm.engine import auto, decode, drafters
 
     clock = Clock()
-    by_category: dict[str, list[float]] = {}
-    decode.time = policy.time = clock  # both read time.perf_counter only; put back below
+    by_category: dict[str, dict[str, float]] = {}
+    modules = (decode, auto, drafters)  # they read time.perf_counter only; put back below
+    for module in modules:
+        module.time = clock
     try:
         for stream in data["streams"]:
             sequence = stream["prompt"] + stream["tokens"] + ([data["eog"]] if stream["stopped"] else [])
-            backend = ReplayBackend(sequence, data["eog"], costs, clock)
-            drafter = AutoDrafter(NgramDrafter(2, 4), None, CostAwarePolicy(costs.copy(), draft_max=draft_max))
-            decoder = Decoder(backend, drafter, lambda history, limit: limit)
-            started = None
-            for event in decoder.generate(stream["prompt"], data["max_tokens"], SamplingParams(temperature=0.0), np.random.default_rng(0)):
-                if isinstance(event, PrefillDone):
-                    started = clock.now
-                elif isinstance(event, Done):
-                    if event.tokens != stream["tokens"]:
-                        raise RuntimeError(f"replay of {stream['id']} diverged from the recording")
-            end_pass = costs.verify(1, len(sequence) - 2) if stream["stopped"] else 0.0  # the pass that chose the end token
-            plain = plain_cost(stream["prompt"], stream["tokens"], costs) + end_pass
-            spent = clock.now - started
-            oracle = oracle_cost(stream["prompt"], stream["tokens"], costs, (2, 4), max(costs.batch_seconds) - 1) + end_pass
-            totals = by_category.setdefault(stream["category"], [0.0, 0.0, 0.0, 0])
-            for i, value in enumerate((plain, spent, oracle, 1)):
-                totals[i] += value
+            record = stream.get("draft") if use_draft else None
+            figures = {"plain": _plain(stream, data, costs), "prompts": 1}
+            figures["auto"] = _run_auto(stream, data, sequence, record, costs, draft_max, clock)
+            figures["ngram_only"] = _run_auto(stream, data, sequence, None, costs, draft_max, clock) if record else figures["auto"]
+            end_pass = _end_pass(stream, sequence, costs)
+            figures["ngram_oracle"] = ngram_oracle_cost(stream["prompt"], stream["tokens"], costs, (2, 4), draft_max) + end_pass
+            guesses = record["argmax"] if record else None
+            figures["oracle"] = two_source_oracle_cost(stream["prompt"], stream["tokens"], costs, (2, 4), draft_max, guesses) + end_pass
+            totals = by_category.setdefault(stream["category"], {})
+            for name, value in figures.items():
+                totals[name] = totals.get(name, 0.0) + value
             if verbose:
-                print(f"{stream['category']:16} {stream['id']:>6} auto {plain / spent:5.2f}x  oracle {plain / oracle:5.2f}x")
+                p = figures["plain"]
+                print(f"{stream['category']:16} {stream['id']:>6} auto {p / figures['auto']:5.2f}x  oracle {p / figures['oracle']:5.2f}x")
     finally:
-        decode.time = policy.time = time
-    by_category["all"] = [sum(t[i] for t in by_category.values()) for i in range(4)]
+        for module in modules:
+            module.time = time
+    everything = {}
+    for totals in by_category.values():
+        for name, value in totals.items():
+            everything[name] = everything.get(name, 0.0) + value
+    by_category["all"] = everything
     return by_category
 
 
+def _end_pass(stream, sequence, costs) -> float:
+    return costs.verify(1, len(sequence) - 2) if stream["stopped"] else 0.0  # the pass that chose the end token
+
+
+def _plain(stream, data, costs) -> float:
+    from specllm.bench.oracle import plain_cost
+
+    sequence_length = len(stream["prompt"]) + len(stream["tokens"]) + stream["stopped"]
+    return plain_cost(stream["prompt"], stream["tokens"], costs) + (costs.verify(1, sequence_length - 2) if stream["stopped"] else 0.0)
+
+
+def _vocab(stream, data) -> int:
+    record = stream.get("draft") or {"argmax": [], "off_path": {}}
+    off = [t for steps in record["off_path"].values() for t, _ in steps]
+    return max(stream["prompt"] + stream["tokens"] + record["argmax"] + off + [data["eog"]]) + 1
+
+
+def _run_auto(stream, data, sequence, record, costs, draft_max, clock) -> float:
+    """Seconds `--spec auto` spends generating the recorded text (its prefill apart) on the virtual clock."""
+    from specllm.engine.auto import AutoDrafter
+    from specllm.engine.decode import Decoder, Done, PrefillDone
+    from specllm.engine.drafters import ModelDrafter, NgramDrafter
+    from specllm.engine.policy import CostAwarePolicy
+    from specllm.engine.sampling import SamplingParams
+
+    n_vocab = _vocab(stream, data)
+    target = ReplayBackend(sequence, data["eog"], n_vocab, costs, clock)
+    model = ModelDrafter(ReplayDraftBackend(sequence, record, n_vocab, costs, clock), 0.0, n_vocab) if record else None
+    policy = CostAwarePolicy(costs.copy(), draft_max=draft_max, has_draft_model=model is not None)
+    decoder = Decoder(target, AutoDrafter(NgramDrafter(2, 4), model, policy), lambda history, limit: limit)
+    started = None
+    for event in decoder.generate(stream["prompt"], data["max_tokens"], SamplingParams(temperature=0.0), np.random.default_rng(0)):
+        if isinstance(event, PrefillDone):
+            started = clock.now
+        elif isinstance(event, Done) and event.tokens != stream["tokens"]:
+            raise RuntimeError(f"replay of {stream['id']} diverged from the recording")
+    return clock.now - started
+
+
 def load_curve(path: str, max_batch: int):
+    """A cost model from a machine file (`../shared/machines/*.json`), a `costs.json` entry file, or
+    a `bench --json` report."""
     from specllm.engine.costmodel import CostModel
 
     report = json.loads(Path(path).read_text())
-    curve = {c["batch"]: c["ms"] / 1000 for c in report["verify_cost"] if c["batch"] <= max_batch}
-    depth, context_seconds = report.get("verify_cost_depth", 0), report.get("verify_context_us", 0.0) / 1e6
-    return CostModel(curve, draft_seconds=1.0, depth=depth, context_seconds=context_seconds)
+    if "calibrated" in report:  # a machine file
+        costs = CostModel.from_dict(report["calibrated"])
+        costs.draft_token_seconds = _draft_token_seconds(report)
+    elif "verify_cost" in report:  # bench --json
+        curve = {c["batch"]: c["ms"] / 1000 for c in report["verify_cost"]}
+        depth, context_seconds = report.get("verify_cost_depth", 0), report.get("verify_context_us", 0.0) / 1e6
+        costs = CostModel(curve, report.get("draft_seconds", 0.0), depth, context_seconds, report.get("draft_token_seconds", 0.0))
+    else:  # costs.json: one entry per machine and model set; the one with a draft model, else the first
+        entries = list(report.values())
+        costs = CostModel.from_dict(next((e for e in entries if e.get("draft_seconds")), entries[0]))
+    costs.batch_seconds = {k: v for k, v in costs.batch_seconds.items() if k <= max_batch}
+    return costs
+
+
+def _draft_token_seconds(machine: dict) -> float:
+    """The draft model's per-token cost reading a batch: published prefill rate, else measured prefill, else its batch curve."""
+    if "prefill_seconds_per_token" in machine:
+        return float(machine["prefill_seconds_per_token"]["draft"])
+    prefill = machine.get("second_sample", {}).get("draft_prefill_seconds_after_256")
+    if prefill:
+        n = max(prefill, key=int)
+        return float(prefill[n]) / int(n)
+    batches = machine.get("draft_batch_seconds")
+    if batches:
+        sizes = sorted(batches, key=int)
+        return (float(batches[sizes[-1]]) - float(batches[sizes[0]])) / (int(sizes[-1]) - int(sizes[0]))
+    return 0.0
+
+
+COLUMNS = ("auto", "ngram_only", "ngram_oracle", "oracle")
 
 
 def replay(args) -> None:
     data = json.loads(Path(args.streams).read_text())
-    costs = load_curve(args.costs, args.max_batch)
-    print(f"{'category':16} {'n':>3} {'auto':>6} {'oracle':>7} {'share':>6}")
-    for category, (plain, spent, oracle, n) in sorted(simulate(data, costs, args.max_batch - 1, args.verbose).items()):
-        print(f"{category:16} {n:>3} {plain / spent:5.3f}x {plain / oracle:6.3f}x {oracle / spent:6.1%}")
+    for path in args.costs:
+        costs = load_curve(path, args.max_batch)
+        print(f"\n{Path(path).name}: one token {costs.verify(1) * 1000:.1f} ms, draft step {costs.draft_seconds / costs.verify(1):.2f}, "
+              f"draft reads a token {costs.draft_token_seconds * 1000:.2f} ms")
+        print(f"{'category':16} {'n':>3} {'auto':>7} {'ngram':>7} {'ng-orc':>7} {'oracle':>7} {'share':>6}")
+        for category, f in sorted(simulate(data, costs, args.max_batch - 1, not args.no_draft, args.verbose).items()):
+            ratios = [f["plain"] / f[c] for c in COLUMNS]
+            print(f"{category:16} {int(f['prompts']):>3} " + " ".join(f"{r:6.3f}x" for r in ratios) + f" {f['oracle'] / f['auto']:6.1%}")
 
 
 def main() -> None:
@@ -150,10 +327,12 @@ def main() -> None:
     rec.add_argument("--out", required=True)
     rec.add_argument("--prompts", default=str(ROOT.parent / "shared/workloads/dev.jsonl"))
     rec.add_argument("-n", type=int, default=128)
+    rec.add_argument("--limit", type=int, default=0, help="only the first N prompts")
     rep = commands.add_parser("replay")
     rep.add_argument("streams")
-    rep.add_argument("--costs", required=True, help="a `bench --json` file: its verify_cost curve is used")
+    rep.add_argument("--costs", required=True, nargs="+", help="machine files, costs.json files or `bench --json` reports")
     rep.add_argument("--max-batch", type=int, default=32, help="largest batch for auto and the oracle alike")
+    rep.add_argument("--no-draft", action="store_true", help="replay without the draft model")
     rep.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
     record(args) if args.command == "record" else replay(args)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from specllm.backend import LlamaBackend, LoadOptions, system_info
 from specllm.chat import encode_messages, encode_raw
+from specllm.engine.auto import AutoDrafter
 from specllm.engine.costmodel import (
     CALIBRATION_METHOD,
     CostModel,
@@ -21,7 +22,6 @@ from specllm.engine.costmodel import (
 )
 from specllm.engine.decode import Decoder, fixed_budget
 from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
-from specllm.engine.auto import AutoDrafter
 from specllm.engine.policy import CostAwarePolicy
 from specllm.errors import SpecllmError, UsageError
 from specllm.models import gguf, hfnames

@@ -3,10 +3,19 @@ import itertools
 import numpy as np
 import pytest
 
+from specllm.engine.auto import AutoDrafter
 from specllm.engine.costmodel import CostModel
-from specllm.engine.decode import Decoder, Done, PrefillDone, StepDone, TokenCommitted, fixed_budget, generate_plain
+from specllm.engine.decode import (
+    Decoder,
+    Done,
+    PrefillDone,
+    StepDone,
+    TokenCommitted,
+    fixed_budget,
+    generate_plain,
+)
 from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
-from specllm.engine.policy import AutoDrafter, CostAwarePolicy
+from specllm.engine.policy import CostAwarePolicy
 from specllm.engine.sampling import SamplingParams, warp
 from specllm.engine.stats import Stats
 from tests.fakes import FakeBackend
@@ -21,7 +30,7 @@ def _drafters(kind, v=8, draft_seed=1):
         return None
     if kind == "auto":
         flat = CostModel({k: 0.01 + 0.0001 * k for k in (1, 2, 4, 8, 16)}, draft_seconds=0.001)
-        return AutoDrafter(NgramDrafter(1, 3), ModelDrafter(FakeBackend(n_vocab=v, seed=draft_seed), 0.0), CostAwarePolicy(flat))
+        return AutoDrafter(NgramDrafter(1, 3), ModelDrafter(FakeBackend(n_vocab=v, seed=draft_seed), 0.0), CostAwarePolicy(flat, has_draft_model=True))
     if kind == "ngram":
         return NgramDrafter(1, 3)
     draft = ModelDrafter(FakeBackend(n_vocab=v, seed=draft_seed), p_min=0.0)

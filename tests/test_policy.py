@@ -2,11 +2,12 @@
 
 import numpy as np
 
+from specllm.engine.auto import AutoDrafter
 from specllm.engine.costmodel import CostModel
 from specllm.engine.decode import Decoder, generate_plain
-from specllm.engine.drafters import Draft, ModelDrafter, NgramDrafter
+from specllm.engine.drafters import ModelDrafter, NgramDrafter
 from specllm.engine.ngram import NgramProposal
-from specllm.engine.policy import AutoDrafter, CostAwarePolicy
+from specllm.engine.policy import RETIRED, CostAwarePolicy
 from specllm.engine.sampling import SamplingParams
 from tests.fakes import FakeBackend
 
@@ -24,7 +25,7 @@ def _proposal(span: int, seen: int = 1, consistent: bool = True, available: int 
 def _feed(policy, source, drafted, accepted, seconds, span=4, rounds=1):
     for _ in range(rounds):
         keys = policy.ngram_keys(_proposal(span), drafted)
-        policy.observe(Draft([0] * drafted, None, source, span), accepted, seconds, keys)
+        policy.observe(source, drafted, accepted, seconds, keys)
 
 
 def test_flat_verification_cost_drafts_long():
@@ -60,41 +61,79 @@ def test_recovers_when_acceptance_returns():
     assert len(policy.ngram_draft(_proposal(4))) > 0
 
 
-def test_draft_model_backs_off_when_it_does_not_pay_and_retries_later():
-    policy = CostAwarePolicy(CPU.copy())
-    for _ in range(3):
-        policy.observe(Draft([1, 2], None, "draft"), 0, 0.034 * 2 + 0.107, [policy.confidence_estimate(0.5)] * 2)
-    assert not policy.consult_draft()
-    skipped = 1
-    while not policy.consult_draft():
-        skipped += 1
-    assert 1 <= skipped <= 64
+# Shaped like the machine files in ../shared/machines: a 2-core AVX2 CPU (batch of 2: 1.44 tokens,
+# the 0.5B draft 0.38 of a pass, reading a token in a batch 0.13) and a GPU with a large target
+# (batches nearly flat, the draft step 0.09 of a pass).
+AVX2 = CostModel({1: 0.083, 2: 0.120, 3: 0.156, 4: 0.203, 5: 0.241, 6: 0.230, 7: 0.268, 8: 0.348, 16: 0.454, 32: 1.04},
+                 draft_seconds=0.032, draft_token_seconds=0.011)  # fmt: skip
+BIG_GPU = CostModel({1: 0.0294, 2: 0.0318, 4: 0.0353, 8: 0.0441, 16: 0.0426, 32: 0.047}, draft_seconds=0.0026,
+                    draft_token_seconds=0.0001)  # fmt: skip
+
+
+def _start(policy, prompt_length=300, tokens_left=128):
+    policy.begin(prompt_length)
+    policy.at_step(prompt_length - 1, tokens_left)
+
+
+def test_draft_model_is_not_consulted_where_it_cannot_pay():
+    """On the AVX2 curve a draft step plus a bigger batch costs more than the tokens it can add at a
+    realistic acceptance, and reading a 300-token prompt first costs 40 target passes: never consulted."""
+    policy = CostAwarePolicy(AVX2.copy(), draft_max=31, has_draft_model=True)
+    _start(policy)
+    assert policy.plan(None, pending=300).source is None
+    assert policy.model_gain_per_token() <= 0
+
+
+def test_draft_model_is_consulted_where_it_pays_back_its_catch_up():
+    """With a 32B target on a GPU the draft model pays at the pessimistic prior: it is consulted
+    at once; asked for 2 tokens after a 20000-token prompt it would not pay back the reading."""
+    policy = CostAwarePolicy(BIG_GPU.copy(), draft_max=31, has_draft_model=True)
+    _start(policy)
+    plan = policy.plan(None, pending=300)
+    assert plan.source == "draft" and plan.draft_tokens >= 8
+    late = CostAwarePolicy(BIG_GPU.copy(), draft_max=31, has_draft_model=True)
+    _start(late, prompt_length=20000, tokens_left=3)
+    assert late.plan(None, pending=20000).source is None
+
+
+def test_draft_model_exploration_is_bounded_and_ends_for_good():
+    """Where every drafted token is rejected, the draft model is retired once its losses pass the
+    exploration budget (2% of the plain time of the tokens asked for), and never consulted again."""
+    policy = CostAwarePolicy(BIG_GPU.copy(), draft_max=31, has_draft_model=True)
+    _start(policy)
+    budget, consulted, retired_at = policy.budget, 0, None
+    for step in range(128):
+        policy.at_step(299 + step, 128 - step)
+        plan = policy.plan(None, pending=1)
+        if policy.model_state == RETIRED and retired_at is None:
+            retired_at = step
+        if plan.source != "draft":
+            continue
+        assert retired_at is None  # never again once retired
+        consulted += 1
+        policy.observe_model_use(300 if consulted == 1 else 1)
+        drafted = min(plan.draft_tokens, 4)
+        policy.observe("draft", drafted, 0, drafted * BIG_GPU.draft_seconds + BIG_GPU.verify(drafted + 1), [])
+    assert retired_at is not None and 1 <= consulted <= 10
+    assert -(policy.model_net + policy.entry_seconds) <= budget + 4 * BIG_GPU.draft_seconds + BIG_GPU.verify(5)
 
 
 def test_draft_length_stops_where_it_no_longer_pays():
-    policy = CostAwarePolicy(CPU.copy())
-    assert policy.worth_drafting_more([], 0.95)
-    assert not policy.worth_drafting_more([], 0.2)
-    assert not policy.worth_drafting_more([0.5] * 6, 0.5)
+    policy = CostAwarePolicy(CPU.copy(), has_draft_model=True)
+    assert policy.worth_including([], 0.95)
+    assert not policy.worth_including([], 0.2)
+    assert not policy.worth_looking_further([0.5] * 6)
+    assert policy.worth_looking_further([0.99])
 
 
 def test_auto_is_lossless_at_temperature_zero():
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
     greedy = SamplingParams(temperature=0.0)
     reference = generate_plain(FakeBackend(seed=0), prompt, 40, greedy, None)
-    drafter = AutoDrafter(NgramDrafter(1, 3), ModelDrafter(FakeBackend(seed=1), 0.0), CostAwarePolicy(GPU.copy()))
+    drafter = AutoDrafter(NgramDrafter(1, 3), ModelDrafter(FakeBackend(seed=1), 0.0), CostAwarePolicy(GPU.copy(), has_draft_model=True))
     decoder = Decoder(FakeBackend(seed=0), drafter, lambda history, limit: limit)
     tokens = [e for e in decoder.generate(prompt, 40, greedy, np.random.default_rng(0))][-1].tokens
     assert tokens == reference
-
-
-def test_draft_model_is_not_consulted_where_it_cannot_pay():
-    """A draft step at 69% of a target pass with batches near k times one token (measured on a
-    2-core CPU) cannot beat plain decoding even at 100% acceptance; on a GPU-like curve it can."""
-    cpu = CostModel({1: 0.032, 2: 0.057, 4: 0.098, 8: 0.228, 16: 0.262}, draft_seconds=0.022)
-    assert not CostAwarePolicy(cpu).draft_model_can_pay()
-    assert not CostAwarePolicy(cpu).consult_draft()
-    assert CostAwarePolicy(GPU.copy()).draft_model_can_pay()
 
 
 def test_long_drafts_grow_with_accepted_tokens():

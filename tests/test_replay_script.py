@@ -1,4 +1,4 @@
-"""scripts/replay_policy.py: scoring auto's n-gram policy against recorded greedy text."""
+"""scripts/replay_policy.py: scoring auto against recorded greedy text on a virtual clock."""
 
 import importlib.util
 import time
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specllm.engine import decode, policy
+from specllm.engine import auto, decode, drafters
 from specllm.engine.costmodel import CostModel
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "replay_policy.py"
@@ -29,10 +29,10 @@ def test_a_copy_is_drafted_and_costs_less_than_plain_decoding():
     source = [(i * 7) % 97 + 3 for i in range(120)]  # no repeated bigrams: every match is unique
     data = _streams(source, source[:100], "copy")  # the answer repeats the prompt
     flat = CostModel({k: 0.010 + 0.0002 * k for k in (1, 2, 4, 8, 16, 32)})
-    plain, spent, oracle, n = replay.simulate(data, flat, draft_max=31)["copy"]
-    assert n == 1 and spent < plain / 2  # the replay also checks the text equals the recording
-    assert oracle <= spent
-    assert decode.time is time and policy.time is time  # the virtual clock is put back for everyone else
+    figures = replay.simulate(data, flat, draft_max=31)["copy"]
+    assert figures["prompts"] == 1 and figures["auto"] < figures["plain"] / 2  # the replay also checks the text equals the recording
+    assert figures["ngram_oracle"] <= figures["auto"] and figures["oracle"] <= figures["ngram_oracle"] + 1e-12
+    assert decode.time is time and auto.time is time and drafters.time is time  # the virtual clock is put back
 
 
 def test_text_full_of_chance_matches_on_a_steep_curve_costs_what_plain_decoding_costs():
@@ -42,6 +42,6 @@ def test_text_full_of_chance_matches_on_a_steep_curve_costs_what_plain_decoding_
     rng = np.random.default_rng(0)
     prompt, generated = [int(t) for t in rng.integers(3, 11, 60)], [int(t) for t in rng.integers(3, 11, 120)]
     steep = CostModel({1: 0.03, 2: 0.057, 4: 0.1, 8: 0.22, 16: 0.28, 32: 0.45})
-    plain, spent, oracle, _ = replay.simulate(_streams(prompt, generated, "chance"), steep, draft_max=31)["chance"]
-    assert spent <= 1.01 * plain
-    assert oracle < plain  # some chance matches were right: a policy that knew could have gained
+    figures = replay.simulate(_streams(prompt, generated, "chance"), steep, draft_max=31)["chance"]
+    assert figures["auto"] <= 1.01 * figures["plain"]
+    assert figures["oracle"] < figures["plain"]  # some chance matches were right: a policy that knew could have gained

@@ -12,10 +12,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from specllm.bench.oracle import ngram_oracle_cost as oracle_cost
+from specllm.bench.oracle import plain_cost
 from specllm.bench.workloads import Prompt
 from specllm.engine.costmodel import CostModel
 from specllm.engine.decode import Done
-from specllm.engine.ngram import NgramCache
 from specllm.engine.sampling import SamplingParams
 from specllm.engine.stats import Stats
 
@@ -119,6 +120,7 @@ def _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy) -> di
         "mean_accepted_length": round(total.mean_accepted_length, 3),
         "per_position": [round(a / d, 3) if d else 0.0 for d, a in total.per_position],
         "draft_share": round(total.draft_seconds / total.seconds, 4) if total.seconds else 0.0,
+        "time_split": _time_split(total),
         "by_source": {
             k: {"steps": v.steps, "drafted": v.drafted, "accepted": v.accepted, "mean_draft_length": round(v.drafted / v.steps, 2)}
             for k, v in total.by_source.items()
@@ -133,8 +135,20 @@ def _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy) -> di
     return row
 
 
+def _time_split(total: Stats) -> dict[str, float]:
+    """Shares of the generation time: drafting from the n-gram cache (the lookup and the policy),
+    in the draft model (its catch-up included), verifying; what is left is the loop's own."""
+    if not total.seconds:
+        return {"ngram": 0.0, "draft_model": 0.0, "verify": 0.0}
+    return {
+        "ngram": round((total.draft_seconds - total.model_seconds) / total.seconds, 4),
+        "draft_model": round(total.model_seconds / total.seconds, 4),
+        "verify": round(total.verify_seconds / total.seconds, 4),
+    }
+
+
 def _merge(total: Stats, part: Stats) -> None:
-    for name in ("prompt_tokens", "prefill_seconds", "tokens", "target_passes", "drafted", "accepted", "seconds", "draft_seconds", "verify_seconds"):
+    for name in ("prompt_tokens", "prefill_seconds", "tokens", "target_passes", "drafted", "accepted", "seconds", "draft_seconds", "model_seconds", "verify_seconds"):
         setattr(total, name, getattr(total, name) + getattr(part, name))
     for name, source in part.by_source.items():
         mine = total.by_source.setdefault(name, type(source)())
@@ -259,32 +273,6 @@ def oracle_speedup(off: list[Run], costs: CostModel, ngram_sizes=(2, 4)) -> floa
         plain += plain_cost(run.prompt_tokens, run.tokens, costs)
         spent += oracle_cost(run.prompt_tokens, run.tokens, costs, ngram_sizes, max_draft)
     return plain / spent if spent else None
-
-
-def plain_cost(prompt: list[int], generated: list[int], costs: CostModel) -> float:
-    """Seconds plain decoding spends on `generated` under the cost model: one pass a token, deeper each time."""
-    return sum(costs.verify(1, len(prompt) - 1 + i) for i in range(len(generated)))
-
-
-def oracle_cost(prompt: list[int], generated: list[int], costs: CostModel, ngram_sizes, max_draft: int) -> float:
-    cache = NgramCache(*ngram_sizes)
-    cache.extend(prompt)
-    i, spent = 0, 0.0
-    while i < len(generated):
-        limit = min(max_draft, len(generated) - i - 1)
-        proposal = cache.propose(limit)
-        correct = 0
-        if proposal is not None:
-            for drafted, actual in zip(proposal.tokens, generated[i:]):
-                if drafted != actual:
-                    break
-                correct += 1
-        context = len(prompt) - 1 + i  # the target's cache holds all but the last token
-        k = max(range(correct + 1), key=lambda n: (n + 1) / costs.verify(n + 1, context))
-        spent += costs.verify(k + 1, context)
-        cache.extend(generated[i : i + k + 1])
-        i += k + 1
-    return spent
 
 
 # -- progress ----------------------------------------------------------------------------

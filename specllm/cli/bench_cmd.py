@@ -124,18 +124,23 @@ def _complete_prompts(runs):
 
 def _table(rows) -> Table:
     table = Table(title="specllm bench (speedup = tok/s against off, same run)")
-    for name in ("category", "strategy", "prompts", "tokens", "tok/s", "speedup", "95% CI", "per run", "accept", "tok/pass", "draft %", "expected", "oracle", "of oracle", "same as off"):
+    for name in ("category", "strategy", "prompts", "tokens", "tok/s", "speedup", "95% CI", "per run", "accept", "tok/pass", "time ngram/model/verify", "expected", "oracle", "of oracle", "same as off"):
         table.add_column(name, justify="left" if name in ("category", "strategy") else "right")
     for r in rows:
         table.add_row(
             r["category"], r["strategy"], str(r["prompts"]), str(r["tokens"]), f"{r['tok_per_s']:.1f}",
             _fmt(r["speedup"], "x"), _span(r["speedup_interval"]), _span(r["speedup_range"]),
             f"{r['acceptance_rate']:.0%}" if r["strategy"] != "off" else "-",
-            f"{r['mean_accepted_length']:.2f}", f"{r['draft_share']:.0%}", _fmt(r["expected_speedup"], "x"),
+            f"{r['mean_accepted_length']:.2f}", _time_shares(r["time_split"]), _fmt(r["expected_speedup"], "x"),
             _fmt(r["oracle_speedup"], "x"), _fmt(r["share_of_oracle"], "", pct=True),
             r["identical_prompts"] or "-",
         )  # fmt: skip
     return table
+
+
+def _time_shares(shares) -> str:
+    """Where the time went, in percent: n-gram drafting, the draft model (its catch-up included), verification."""
+    return "{:.0f}/{:.0f}/{:.0f}%".format(*(100 * shares[k] for k in ("ngram", "draft_model", "verify")))
 
 
 def _span(pair) -> str:

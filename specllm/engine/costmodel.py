@@ -1,7 +1,7 @@
 """What a target pass and a draft step cost on this machine, with these models.
 
 `measure_costs` times the target on every batch size 1..max_batch at a typical prompt's depth,
-then how much each cached token adds (and the draft model on one token): about 22 s for
+then how much each cached token adds (and the draft model: one step, and its rate reading a batch): about 22 s for
 batches up to 32 with a 1.5B model on 2 cores, once per machine and model set (the result is
 cached). `CostModel` answers `verify(k, context)` (seconds to evaluate a batch of k tokens after
 `context` cached ones) and keeps learning from the timings of real steps as generation goes.
@@ -25,6 +25,7 @@ class CostModel:
     draft_seconds: float = 0.0  # one draft-model step (one token)
     depth: int = 0  # tokens in the KV cache when batch_seconds were measured
     context_seconds: float = 0.0  # added per batch token per context token beyond `depth` (attention)
+    draft_token_seconds: float = 0.0  # the draft model reading one more committed token in a batch (0: not measured)
 
     def verify(self, k: int, context: int | None = None) -> float:
         """Seconds for one target pass over k tokens after `context` cached ones (default: the calibration depth).
@@ -40,6 +41,13 @@ class CostModel:
             return seconds
         return max(seconds + self._context_term(k, context), 0.5 * seconds)
 
+    def catch_up(self, n: int) -> float:
+        """Seconds for the draft model to read `n` committed tokens it has not seen and give its first
+        draft token's logits: one step, plus each further token at its batched rate (a step's cost
+        where that was never measured, which overprices rather than underprices)."""
+        per_token = self.draft_token_seconds or self.draft_seconds
+        return self.draft_seconds + max(n - 1, 0) * per_token
+
     def _between_sizes(self, k: int) -> float:
         sizes = sorted(self.batch_seconds)
         if k > sizes[-1]:  # beyond the measurements: grow linearly with the last slope
@@ -52,7 +60,7 @@ class CostModel:
         return self.context_seconds * k * (context - self.depth)
 
     def copy(self) -> "CostModel":
-        return CostModel(dict(self.batch_seconds), self.draft_seconds, self.depth, self.context_seconds)
+        return CostModel(dict(self.batch_seconds), self.draft_seconds, self.depth, self.context_seconds, self.draft_token_seconds)
 
     def relative(self, k: int) -> float:
         return self.verify(k) / self.verify(1)
@@ -65,6 +73,12 @@ class CostModel:
 
     def observe_draft(self, seconds_per_token: float) -> None:
         self.draft_seconds += LEARNING_RATE * (seconds_per_token - self.draft_seconds)
+
+    def observe_catch_up(self, n: int, seconds: float) -> None:
+        """Fold a real catch-up (the draft model reading n > 1 tokens in one batch) into the per-token rate."""
+        if n > 1 and self.draft_token_seconds:
+            per_token = max(seconds - self.draft_seconds, 0.0) / (n - 1)
+            self.draft_token_seconds += LEARNING_RATE * (per_token - self.draft_token_seconds)
 
     def curve(self) -> list[dict]:
         base = self.verify(1)
@@ -79,6 +93,7 @@ class CostModel:
             "draft_seconds": self.draft_seconds,
             "depth": self.depth,
             "context_seconds": self.context_seconds,
+            "draft_token_seconds": self.draft_token_seconds,
         }
 
     @classmethod
@@ -88,13 +103,14 @@ class CostModel:
             float(data.get("draft_seconds", 0.0)),
             int(data.get("depth", 0)),
             float(data.get("context_seconds", 0.0)),
+            float(data.get("draft_token_seconds", 0.0)),
         )
 
 
 SMALL_BATCH_REPEATS = 16  # a batch of k is timed max(1, 16 // k) times a round
 CALIBRATION_DEPTH = 256  # tokens already in the KV cache when timing: a typical prompt's length
 DEEPER = 2  # the context growth is timed at twice that depth
-CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},median,every-size,context-median"  # part of the cache key: a new method measures again
+CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},median,every-size,context-median,draft-batch"  # part of the cache key: a new method measures again
 
 
 def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBRATION_DEPTH, repeats: int = 1) -> CostModel:
@@ -122,11 +138,13 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
         _time_batch(draft, filler, batch[:1])
     timings: dict[int, list[float]] = {k: [] for k in sizes}
     draft_timings: list[float] = []
+    draft_batch_timings: list[float] = []  # the draft model reading the whole batch: its catch-up rate
     for _ in range(repeats):
         for k in sizes:
             timings[k] += [_time_batch(target, filler, batch[:k]) for _ in range(max(1, SMALL_BATCH_REPEATS // k))]
         if draft is not None:
             draft_timings += [_time_batch(draft, filler, batch[:1]) for _ in range(SMALL_BATCH_REPEATS)]
+            draft_batch_timings += [_time_batch(draft, filler, batch) for _ in range(3)]
     best = {k: float(np.median(t)) for k, t in timings.items()}
     context_seconds = _context_slope(target, filler, batch, best[1])
     target.rewind(0)
@@ -135,7 +153,10 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
     one = best[1]
     batch_seconds = {k: min(max(s, one), k * one) for k, s in best.items()}
     draft_seconds = float(np.median(draft_timings)) if draft is not None else 0.0
-    return CostModel(batch_seconds, draft_seconds, len(filler), context_seconds)
+    draft_token_seconds = 0.0
+    if draft is not None and len(batch) > 1:
+        draft_token_seconds = max(float(np.median(draft_batch_timings)) - draft_seconds, 0.0) / (len(batch) - 1)
+    return CostModel(batch_seconds, draft_seconds, len(filler), context_seconds, draft_token_seconds)
 
 
 def _context_slope(target, filler: list[int], batch: list[int], one: float) -> float:

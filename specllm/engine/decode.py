@@ -47,6 +47,7 @@ class StepDone:
     draft_seconds: float
     verify_seconds: float
     seconds: float  # wall time of the whole step
+    model_seconds: float = 0.0  # the part of draft_seconds spent in the draft model (its catch-up included)
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ class Decoder:
                 draft_seconds,
                 verify_seconds,
                 time.perf_counter() - step_started,
+                draft.model_seconds,
             )
             if ended:
                 reason = "stop"

@@ -7,12 +7,13 @@ or None when it is deterministic (one-hot q), as the n-gram cache is.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from specllm.engine.ngram import NgramCache
+from specllm.engine.ngram import NgramCache, NgramProposal
 from specllm.engine.protocol import Backend
 from specllm.engine.sampling import SamplingParams, argmax, sample, warp
 
@@ -23,6 +24,7 @@ class Draft:
     q_draft: np.ndarray | None  # (len(tokens), V) warped draft probabilities; None means one-hot
     source: str  # "ngram" or "draft"
     span: int = 0  # n-gram: how many tokens of context agree with the copied text; draft model: 0
+    model_seconds: float = 0.0  # time the draft model spent on this proposal (its catch-up included)
 
 
 class Drafter(Protocol):
@@ -37,27 +39,43 @@ class Drafter(Protocol):
         """How the last step fared (`draft` may be empty); drafters that do not learn ignore it."""
 
 
+MEMORY_TOKENS = 8192  # how much text of earlier, abandoned histories the n-gram cache remembers
+
+
 class NgramDrafter:
-    """Proposes what followed the longest recent match of the history's tail."""
+    """Proposes what followed the longest recent match of the history's tail: in the history
+    first, else in the memory of earlier histories this drafter served (a server's previous
+    requests and answers, a chat's rewritten turns)."""
 
     source = "ngram"
 
     def __init__(self, n_min: int, n_max: int):
         self.cache = NgramCache(n_min, n_max)
+        self.memory = NgramCache(n_min, n_max)
 
     def propose(self, history, max_tokens, params, rng) -> Draft | None:
         self.commit(history)
-        proposal = self.cache.propose(max_tokens)
-        if proposal is None or not proposal.tokens:
+        proposal = self.proposal(max_tokens)
+        if proposal is None:
             return None
         return Draft(proposal.tokens, None, self.source, proposal.span)
 
+    def proposal(self, max_tokens: int) -> NgramProposal | None:
+        """The history's own match, else the memory's (its `source` is -1: not this history's text)."""
+        for cache in (self.cache, self.memory):
+            proposal = cache.propose(max_tokens) if cache is self.cache else cache.propose_after(self.cache.tokens, max_tokens)
+            if proposal is not None and proposal.tokens:
+                return proposal
+        return None
+
     def commit(self, history: list[int]) -> None:
-        """Bring the index in line with the history (usually: append the newly committed tokens)."""
+        """Bring the index in line with the history (usually: append the newly committed tokens).
+        A history that abandons what the index holds sends the old text to the memory."""
         known = self.cache.tokens
         n = len(known)
         if n > len(history) or (n and known[n - 1] != history[n - 1]):
             n = common_prefix(known, history)
+            self._remember(known[max(n - self.cache.n_max, 0) :])  # the abandoned text, with the n-grams into it
             self.cache.truncate(n)
         self.cache.extend(history[n:])
 
@@ -66,6 +84,15 @@ class NgramDrafter:
 
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         pass  # fixed drafters do not learn
+
+    def _remember(self, tokens: list[int]) -> None:
+        """Keep abandoned text for later matches; past twice the memory's size, the oldest half goes
+        (rebuilding the index then, not at every call, keeps remembering cheap)."""
+        if len(tokens) <= self.cache.n_max:
+            return  # too short to hold a match the history does not have
+        self.memory.extend(tokens)
+        if len(self.memory) > 2 * MEMORY_TOKENS:
+            self.memory.drop_oldest(len(self.memory) - MEMORY_TOKENS)
 
 
 class ModelDrafter:
@@ -79,9 +106,11 @@ class ModelDrafter:
         self.n_vocab = n_vocab or model.n_vocab  # the target's: q rows must line up with p rows
         model.rewind(0)
         self.kv_tokens: list[int] = []  # what the draft model's KV cache holds, in order
+        self.caught_up = 0  # tokens read by the last proposal's catch-up (what `pending` said)
 
-    def propose(self, history, max_tokens, params, rng, keep_going=None) -> Draft | None:
-        """Draft token by token while `keep_going(confidence)` (default: confidence >= p_min).
+    def propose(self, history, max_tokens, params, rng, keep_going=None, look_further=None) -> Draft | None:
+        """Draft token by token while `keep_going(confidence)` (default: confidence >= p_min), and
+        after each drafted token evaluate the next only if `look_further()` (default: always).
 
         Confidence is the draft's top probability, judged before sampling, so that stopping
         never depends on the token drawn and each drafted token stays an exact sample of q_draft.
@@ -89,6 +118,7 @@ class ModelDrafter:
         if max_tokens <= 0:
             return None
         keep_going = keep_going or (lambda confidence: confidence >= self.p_min)
+        started = time.perf_counter()
         logits = self._catch_up(history)
         tokens: list[int] = []
         rows: list[np.ndarray] = []
@@ -106,12 +136,18 @@ class ModelDrafter:
             tokens.append(token)
             if len(tokens) >= max_tokens or self.model.n_past + 1 > self.model.n_ctx:
                 break
+            if look_further is not None and not look_further():
+                break
             logits = self._fit(self.model.evaluate([token], [0])[0])
             self.kv_tokens.append(token)
         if not tokens:
             return None
         q_draft = np.vstack(rows) if rows else None
-        return Draft(tokens, q_draft, self.source)
+        return Draft(tokens, q_draft, self.source, model_seconds=time.perf_counter() - started)
+
+    def pending(self, history: list[int]) -> int:
+        """How many committed tokens the draft model must read before it can draft (at least 1)."""
+        return max(len(history) - common_prefix(self.kv_tokens, history), 1)
 
     def commit(self, history: list[int]) -> None:
         """Drop KV entries that the committed history contradicts (rejected drafts)."""
@@ -135,6 +171,7 @@ class ModelDrafter:
             self.model.rewind(keep)
             del self.kv_tokens[keep:]
         new = history[keep:]
+        self.caught_up = len(new)
         logits = self.model.evaluate(new, [len(new) - 1])[0]
         self.kv_tokens.extend(new)
         return self._fit(logits)

@@ -62,20 +62,32 @@ class NgramCache:
 
     def propose(self, max_tokens: int) -> NgramProposal | None:
         """The continuation of the longest recent match of the history's tail, or None."""
-        history = self.tokens
+        return self.propose_after(self.tokens, max_tokens, source_offset=0)
+
+    def propose_after(self, tail: list[int], max_tokens: int, source_offset: int | None = None) -> NgramProposal | None:
+        """The continuation, in this cache's text, of the longest match of `tail`'s end (another
+        history's, for a memory of earlier text). `source` is the continuation's position plus
+        `source_offset`, or -1 when None: the text is not part of the history being drafted for."""
         if max_tokens <= 0:
             return None
-        for n in range(min(self.n_max, len(history)), self.n_min - 1, -1):
-            entry = self._index.get(tuple(history[-n:]))
+        for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
+            entry = self._index.get(tuple(tail[-n:]))
             if entry is not None:
                 end, seen, consistent = entry
-                continuation = history[end + 1 : end + 1 + max_tokens]
-                return NgramProposal(continuation, n, self._span(end, n), seen, consistent, end + 1)
+                continuation = self.tokens[end + 1 : end + 1 + max_tokens]
+                source = end + 1 + source_offset if source_offset is not None else -1
+                return NgramProposal(continuation, n, self._span(end, n, tail), seen, consistent, source)
         return None
 
-    def _span(self, end: int, n: int) -> int:
-        """Length of the agreement between the history's tail and the text ending at `end`."""
-        history, span = self.tokens, n
-        while span < SPAN_MAX and end - span >= 0 and history[end - span] == history[-span - 1]:
+    def drop_oldest(self, n: int) -> None:
+        """Forget the first n tokens (a bounded memory keeps the most recent text)."""
+        kept = self.tokens[n:]
+        self.tokens, self._index = [], {}
+        self.extend(kept)
+
+    def _span(self, end: int, n: int, tail: list[int]) -> int:
+        """Length of the agreement between `tail`'s end and this cache's text ending at `end`."""
+        text, span = self.tokens, n
+        while span < SPAN_MAX and end - span >= 0 and span < len(tail) and text[end - span] == tail[-span - 1]:
             span += 1
         return span

@@ -1,57 +1,36 @@
-"""Cost-aware speculation (`--spec auto`): what to draft, and how much, at every step.
+"""Cost-aware speculation (`--spec auto`): at every step, draft from the n-gram cache, from the draft
+model, or not at all, and how much.
 
-The rule: a drafted token is worth its cost when the tokens it is expected to add exceed
-what the time it costs would earn at the running throughput R (tokens per second). So at
-each step we maximise  E[committed] - R * E[seconds]  using
-  - the cost model: target pass time for a batch of k tokens, draft-model step time;
-  - acceptance estimates learned during this generation. An n-gram proposal's first token
-    is judged by the kind of match (an n-gram seen once before, or several times always
-    followed by the same token, or by different ones, or a copy of this generation's own
-    output), how far the context agrees with it, and whether the previous draft was fully
-    accepted; each further token by how drafted tokens after an accepted one have fared at
-    the same depth into the copy (a copy that has run 16 tokens is likelier to run on than
-    one that has run 4). The draft model's tokens are judged by its own confidence. Beta
-    priors keep early estimates sane.
-With flat verification costs (a GPU) this drafts long; with steep costs and poor acceptance
-it stops drafting; it consults the draft model only while that has been paying.
+One rule for both sources: a step is worth  E[tokens committed] - R * E[seconds]  where R is the
+running throughput (tokens per second), and the policy takes the choice of highest worth. Seconds
+come from the measured cost curve (`CostModel`: a target pass over k tokens at this context, a
+draft-model step, the draft model reading committed tokens). Acceptance is learned during the
+generation (`Beta` estimates with the priors of `priors.py`):
+  - an n-gram proposal's first token by the kind of match (an n-gram seen once before, or several
+    times always followed by the same token, or by different ones, or a copy of this generation's
+    own output), how far the context agrees with it, and whether the previous draft was fully
+    accepted; each further token by the depth into the copy;
+  - the draft model's tokens by one acceptance rate for the decision to consult it, and by its
+    confidence (top probability) for how far to draft once consulted.
+The draft model must read every committed token it has not seen before it drafts: the whole prompt
+before its first use, then whatever n-gram and plain steps committed since. The first use is an
+investment, made only when what the draft model is expected to win over the tokens left exceeds it
+(or when it is cheaper than the exploration budget); from then on every token committed without it
+costs what reading it will cost, and the draft model is retired for the generation when it cannot
+win back what it would still need, or when what it lost exceeds the budget.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from specllm.engine import priors
 from specllm.engine.costmodel import CostModel
-from specllm.engine.drafters import Draft, ModelDrafter, NgramDrafter
 from specllm.engine.ngram import NgramProposal
 
-PRIOR_WEIGHT = 2.0
-THROUGHPUT_DECAY = 0.1  # weight of one step in the running throughput
-# Priors of n-gram acceptance. A first token: from the generation's record so far (starting at
-# FIRST_PRIOR), raised for long agreeing spans (8-15, 16+ tokens: the text is being copied),
-# low for an n-gram that was followed by different tokens before.
-FIRST_PRIOR = 0.5
-COPY_PRIOR = {8: 0.9, 16: 0.95}
-MIXED_PRIOR = 0.25
-# A match whose source is this generation's own output (the model repeating a phrase of its own)
-# rarely runs on: on dev.jsonl, 68% of such first tokens at spans of 8+ were right and 21-32%
-# ran 3 tokens, in every category, against 96-100% and 88-97% for copies of the prompt in
-# summaries and code edits. It starts where a short common phrase does.
-OWN_PRIOR = 0.5
-# A further token after an accepted one: copies of unique text run on, common phrases soon end;
-# and the longer the context has agreed with the source (depth: agreeing span + tokens drafted
-# before this one), the likelier the copy goes on; not so for the model's own phrases.
-# Learned per (group, depth bucket).
-CONTINUATION_PRIOR = {"unique": 0.9, "repeated": 0.6, "own": 0.6}
-DEPTH_PRIOR = {32: 0.97, 16: 0.95, 8: 0.9}  # depth bucket -> at least this prior, copies of the prompt
-# Long drafts are bets: at most 1 + CAP_GROWTH * (n-gram tokens accepted so far in this
-# generation), or half the agreeing span when that is longer.
-CAP_GROWTH = 2
-CONFIDENCE_EDGES = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.01)
-MAX_BACKOFF = 64
-DRAFT_MARGIN = 1.1  # the draft model must promise 10% over plain decoding at full acceptance
+COLD, ACTIVE, RETIRED = "cold", "active", "retired"  # the draft model's standing in a generation
 
 
 @dataclass
@@ -63,7 +42,7 @@ class Beta:
 
     @classmethod
     def prior(cls, mean: float) -> "Beta":
-        return cls(mean * PRIOR_WEIGHT, (1 - mean) * PRIOR_WEIGHT)
+        return cls(mean * priors.PRIOR_WEIGHT, (1 - mean) * priors.PRIOR_WEIGHT)
 
     @property
     def mean(self) -> float:
@@ -74,27 +53,124 @@ class Beta:
         self.rejected += rejected
 
 
-class CostAwarePolicy:
-    """Learns acceptance and throughput from step outcomes; answers how much to draft."""
+@dataclass(frozen=True)
+class Plan:
+    """What to draft at this step: the source, the estimates behind each n-gram token, the most
+    tokens the draft model may draft."""
 
-    def __init__(self, costs: CostModel, draft_max: int = 32):
+    source: str | None  # "ngram", "draft" or None (plain decoding)
+    ngram_keys: tuple[Beta, ...] = ()
+    draft_tokens: int = 0
+
+
+class CostAwarePolicy:
+    """Learns acceptance, costs and throughput from step outcomes; answers what to draft."""
+
+    def __init__(self, costs: CostModel, draft_max: int = 32, has_draft_model: bool = False):
         self.costs = costs
         self.draft_max = min(draft_max, max(costs.batch_seconds) - 1)  # stay within the measured curve
         self.throughput = 1.0 / costs.verify(1)  # R: start from plain decoding's speed
         self.context: int | None = None  # tokens in the target's KV cache at this step (None: calibration depth)
         self.output_start: int | None = None  # where this generation's own output begins (None: not known)
+        # n-gram learning, kept for the decoder's life (a chat's turns)
         self.first: dict[tuple[str, int, bool], Beta] = {}  # by (kind, span bucket, last_full)
-        self.first_pool = Beta.prior(FIRST_PRIOR)  # every first token: the prior of kinds not seen yet
+        self.first_pool = Beta.prior(priors.FIRST_PRIOR)  # every first token: the prior of kinds not seen yet
         self.continuation: dict[tuple[str, int], Beta] = {}  # by (unique, repeated or own, depth bucket)
-        self.ngram_accepted = 0  # n-gram tokens accepted in this generation: how long a draft may be
+        self.ngram_accepted = 0  # n-gram tokens accepted so far: how long a draft may be
         self.last_full = True  # was the previous draft fully accepted?
-        self.confidence = [Beta.prior(min(0.95, (lo + hi) / 2)) for lo, hi in zip(CONFIDENCE_EDGES, CONFIDENCE_EDGES[1:])]
-        self.draft_gain = 0.0  # running advantage of consulting the draft model, in tokens per step
-        self.skip_draft = 0  # steps left before the draft model is consulted again
-        self.backoff = 1
-        # Decided once, on the calibrated costs: noisy step timings must not flip it mid-generation,
-        # since a first consultation makes the draft model read the whole context.
-        self.use_draft_model = self.draft_model_can_pay()
+        # draft-model learning
+        self.has_draft_model = has_draft_model
+        self.draft_acceptance = Beta.prior(priors.DRAFT_PRIOR)
+        edges = priors.CONFIDENCE_EDGES
+        self.confidence = [Beta.prior(min(priors.CONFIDENCE_CAP, (lo + hi) / 2)) for lo, hi in zip(edges, edges[1:])]
+        self.model_state = COLD
+        self.steps = self.ngram_steps = 0  # steps of this generation, and those that drafted from the n-gram cache
+        self.tokens_left = 0
+        self.budget: float | None = 0.0  # seconds the draft model may lose in this generation (None: set at its first step)
+        self.model_net = 0.0  # seconds the draft model has saved (negative: lost) against plain decoding
+        self.entry_seconds = 0.0  # what its first catch-up cost beyond one step: the investment
+
+    # -- what the drafter tells the policy --------------------------------------------------
+
+    def begin(self, prompt_length: int) -> None:
+        """A generation starts after `prompt_length` tokens; its first step says how long it may run."""
+        self.output_start = prompt_length
+        self.model_state = COLD if self.has_draft_model else RETIRED
+        self.steps = self.ngram_steps = 0
+        self.budget = None
+        self.model_net = self.entry_seconds = 0.0
+
+    def at_step(self, context: int, tokens_left: int) -> None:
+        """This step's target context (tokens in its KV cache) and how many tokens may still come
+        (capped at the horizon over which the draft model's first use must pay back)."""
+        self.context, self.tokens_left = context, min(tokens_left, priors.HORIZON)
+        if self.budget is None:
+            self.budget = priors.EXPLORATION_SHARE * self.tokens_left * self.cost(1)
+
+    # -- the choice -------------------------------------------------------------------------
+
+    def plan(self, proposal: NgramProposal | None, pending: int) -> Plan:
+        """The step of highest worth: plain, the n-gram proposal's best prefix, or the draft model
+        (which would first read `pending` committed tokens)."""
+        keep_model = self._keep_model(pending)
+        # While the draft model stays in use, every token committed without it must be read later.
+        owed = (self.costs.draft_token_seconds or self.costs.draft_seconds) if keep_model else 0.0
+        keys = self.ngram_draft(proposal) if proposal is not None and proposal.tokens else []
+        survive, committed = 1.0, 1.0
+        for key in keys:
+            survive *= key.mean
+            committed += survive
+        rate = self.target_rate()
+        plain = 1.0 - rate * (self.cost(1) + owed)
+        ngram = committed - rate * (self.cost(len(keys) + 1) + owed * committed) if keys else plain
+        if keep_model:
+            k, model = self._best_model_length()
+            if k and model > max(plain, ngram):
+                return Plan("draft", draft_tokens=min(self.draft_max, self.tokens_left - 1))
+        return Plan("ngram", tuple(keys)) if keys and ngram > plain else Plan(None)
+
+    def _keep_model(self, pending: int) -> bool:
+        """Whether the draft model is (still, or now first) worth its catch-up in this generation."""
+        if self.model_state == RETIRED or self.tokens_left < 2:
+            return False
+        owed = self.costs.catch_up(pending) - self.costs.draft_seconds  # beyond the one step any use costs
+        gain = self.model_gain_per_token() * self.tokens_left * self._model_share()
+        if self.model_state == COLD:
+            if gain > owed or owed + self.costs.draft_seconds <= self.budget:
+                return True
+            return False
+        if self.model_net + self.entry_seconds < -self.budget or gain < owed:
+            self.model_state = RETIRED  # it lost its budget, or cannot win back what it would still need
+            return False
+        return True
+
+    def _model_share(self) -> float:
+        """The expected share of the tokens left that the draft model would draft: those not left to
+        the n-gram cache so far (a Laplace estimate: half before the first step)."""
+        return (self.steps - self.ngram_steps + 1) / (self.steps + 2)
+
+    def model_gain_per_token(self) -> float:
+        """Seconds the draft model saves per committed token at its learned acceptance, at the best
+        length, against plain decoding (negative: it loses)."""
+        k, _ = self._best_model_length()
+        if not k:
+            return 0.0
+        alpha = self.draft_acceptance.mean
+        committed = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1.0
+        return self.cost(1) - (k * self.costs.draft_seconds + self.cost(k + 1)) / committed
+
+    def _best_model_length(self) -> tuple[int, float]:
+        """The draft length of highest worth at the learned acceptance (0 when none beats plain), and its worth."""
+        alpha, rate = self.draft_acceptance.mean, self.target_rate()
+        best_k, best = 0, 1.0 - rate * self.cost(1)
+        survive, committed = 1.0, 1.0
+        for k in range(1, max(min(self.draft_max, self.tokens_left - 1), 0) + 1):
+            survive *= alpha
+            committed += survive
+            worth = committed - rate * (k * self.costs.draft_seconds + self.cost(k + 1))
+            if worth > best:
+                best_k, best = k, worth
+        return best_k, best
 
     # -- n-gram ---------------------------------------------------------------------------
 
@@ -104,11 +180,11 @@ class CostAwarePolicy:
         first_key = (kind, _span_bucket(proposal.span), self.last_full)
         if first_key not in self.first:
             if kind == "mixed":
-                prior = MIXED_PRIOR
+                prior = priors.MIXED_PRIOR
             elif kind == "own":
-                prior = min(self.first_pool.mean, OWN_PRIOR)
+                prior = min(self.first_pool.mean, priors.OWN_PRIOR)
             else:
-                prior = max(self.first_pool.mean, COPY_PRIOR.get(first_key[1], 0.0))
+                prior = max(self.first_pool.mean, priors.COPY_PRIOR.get(first_key[1], 0.0))
             self.first[first_key] = Beta.prior(prior)
         group = kind if kind in ("unique", "own") else "repeated"
         return [self.first[first_key]] + [self._continuation(group, proposal.span + i) for i in range(1, k)]
@@ -116,13 +192,13 @@ class CostAwarePolicy:
     def _continuation(self, group: str, depth: int) -> Beta:
         key = (group, _depth_bucket(depth))
         if key not in self.continuation:
-            lift = DEPTH_PRIOR.get(key[1], 0.0) if group != "own" else 0.0
-            self.continuation[key] = Beta.prior(max(CONTINUATION_PRIOR[group], lift))
+            lift = priors.DEPTH_PRIOR.get(key[1], 0.0) if group != "own" else 0.0
+            self.continuation[key] = Beta.prior(max(priors.CONTINUATION_PRIOR[group], lift))
         return self.continuation[key]
 
     def ngram_draft(self, proposal: NgramProposal) -> list[Beta]:
         """The estimates behind the proposal's tokens worth drafting: as many as pay (none: draft nothing)."""
-        cap = max(1 + CAP_GROWTH * self.ngram_accepted, proposal.span // 2)
+        cap = max(1 + priors.CAP_GROWTH * self.ngram_accepted, proposal.span // 2)
         keys = self.ngram_keys(proposal, min(len(proposal.tokens), self.draft_max, cap))
         return keys[: self.best_length([estimate.mean for estimate in keys], 0.0)]
 
@@ -143,128 +219,64 @@ class CostAwarePolicy:
                 best_k, best_value = k, value
         return best_k
 
-    # -- draft model ----------------------------------------------------------------------
-
-    def consult_draft(self) -> bool:
-        """Whether to ask the draft model now: only if it can pay at all, and not while backing off."""
-        if not self.use_draft_model:
-            return False
-        if self.skip_draft > 0:
-            self.skip_draft -= 1
-            return False
-        return True
-
-    def draft_model_can_pay(self) -> bool:
-        """Even if every drafted token were accepted, would some draft length beat plain decoding?
-
-        On a CPU where a draft step costs a large share of a target pass and batches cost
-        nearly k times one token, no length does, and consulting the model only loses time.
-        """
-        one = self.costs.verify(1)
-        return any(
-            (k + 1) * one > DRAFT_MARGIN * (k * self.costs.draft_seconds + self.costs.verify(k + 1))
-            for k in range(1, self.draft_max + 1)
-        )
+    # -- the draft model, once consulted ------------------------------------------------------
 
     def confidence_estimate(self, confidence: float) -> Beta:
-        return self.confidence[int(np.searchsorted(CONFIDENCE_EDGES, confidence, side="right")) - 1]
+        return self.confidence[int(np.searchsorted(priors.CONFIDENCE_EDGES, confidence, side="right")) - 1]
 
-    def worth_drafting_more(self, acceptance: list[float], next_acceptance: float) -> bool:
-        """After k drafted tokens: does drafting the next (one more draft step, a bigger batch) pay?"""
+    def worth_including(self, acceptance: list[float], next_acceptance: float) -> bool:
+        """With the draft model's next token in hand (its step already paid): does verifying it pay,
+        one more row in the target's batch after the k drafted so far?"""
         k = len(acceptance)
         survive = float(np.prod(acceptance)) if acceptance else 1.0
-        gain = survive * next_acceptance
+        return survive * next_acceptance > self.target_rate() * (self.cost(k + 2) - self.cost(k + 1))
+
+    def worth_looking_further(self, acceptance: list[float]) -> bool:
+        """After k drafted tokens: is one more draft step worth it, for a token that would be accepted
+        about as often as the last one and verified in a bigger batch?"""
+        k = len(acceptance)
+        survive = float(np.prod(acceptance))
         cost = self.costs.draft_seconds + self.cost(k + 2) - self.cost(k + 1)
-        return gain > self.target_rate() * cost
+        return survive * acceptance[-1] > self.target_rate() * cost
 
     def target_rate(self) -> float:
-        """R, the value of a second in tokens: the running throughput, shrunk halfway towards plain
+        """R, the value of a second in tokens: the running throughput, shrunk towards plain
         decoding's rate so that a lucky streak does not make ordinary good drafts look poor."""
         plain = 1.0 / self.cost(1)
-        return plain + 0.5 * (self.throughput - plain)
+        return plain + priors.RATE_SHRINK * (self.throughput - plain)
 
     # -- learning -------------------------------------------------------------------------
 
-    def observe(self, draft: Draft, accepted: int, seconds: float, acceptance_keys: list[Beta]) -> None:
-        """One verified step: update acceptance (censored), throughput and the draft model's standing."""
-        drafted = len(draft.tokens)
-        for i, estimate in enumerate(acceptance_keys[: accepted + 1]):
+    def observe(self, source: str | None, drafted: int, accepted: int, seconds: float, keys: list[Beta]) -> None:
+        """One verified step (`seconds`: drafting and verifying): acceptance (censored), throughput,
+        and, for a draft-model step, its estimates and what it saved against plain decoding."""
+        for i, estimate in enumerate(keys[: accepted + 1]):
             estimate.observe(i < accepted, i == accepted and accepted < drafted)
+        self.steps += 1
         if drafted:
             self.last_full = accepted == drafted
-        if draft.source == "ngram":
+        if source == "ngram" and drafted:
+            self.ngram_steps += 1
             self.first_pool.observe(accepted > 0, accepted == 0)
             self.ngram_accepted += accepted
         committed = accepted + 1
         plain_rate = 1.0 / self.cost(1)
         if seconds > 0:
-            self.throughput += THROUGHPUT_DECAY * (committed / seconds - self.throughput)
+            self.throughput += priors.THROUGHPUT_DECAY * (committed / seconds - self.throughput)
             self.throughput = max(self.throughput, plain_rate)  # never aim below plain decoding
-        if draft.source == "draft":
-            # The step's advantage over what plain decoding would have made in the same time.
-            self.score_draft(committed - plain_rate * seconds)
+        if source == "draft":
+            self.draft_acceptance.observe(accepted, accepted < drafted)
+            self.model_net += committed * self.cost(1) - seconds
 
-    def score_draft(self, advantage: float) -> None:
-        """Keep a running advantage of consulting the draft model; back off while it is negative."""
-        self.draft_gain += 0.25 * (advantage - self.draft_gain)
-        if self.draft_gain < 0:
-            self.skip_draft, self.backoff = self.backoff, min(self.backoff * 2, MAX_BACKOFF)
-        else:
-            self.backoff = 1
+    def observe_model_use(self, caught_up: int) -> None:
+        """The draft model was consulted, after reading `caught_up` committed tokens."""
+        if self.model_state == COLD:
+            self.model_state = ACTIVE
+            self.entry_seconds = self.costs.catch_up(caught_up) - self.costs.draft_seconds
 
-
-class AutoDrafter:
-    """The n-gram cache first, sized by the policy; the draft model when it pays."""
-
-    def __init__(self, ngram: NgramDrafter, model: ModelDrafter | None, policy: CostAwarePolicy):
-        self.ngram, self.model, self.policy = ngram, model, policy
-        self._keys: list[Beta] = []
-
-    def propose(self, history, max_tokens, params, rng) -> Draft | None:
-        self.ngram.commit(history)
-        self.policy.context = len(history) - 1  # the target's cache holds all but the last token
-        self._keys = []  # the estimate behind each drafted token, updated when the outcome is known
-        proposal = self.ngram.cache.propose(min(max_tokens, self.policy.draft_max))
-        if proposal is not None and proposal.tokens:
-            self._keys = self.policy.ngram_draft(proposal)
-            if self._keys:
-                return Draft(proposal.tokens[: len(self._keys)], None, "ngram", proposal.span)
-        if self.model is not None and self.policy.consult_draft():
-            return self._propose_from_model(history, min(max_tokens, self.policy.draft_max), params, rng)
-        return None
-
-    def _propose_from_model(self, history, max_tokens, params, rng) -> Draft | None:
-        acceptance: list[float] = []
-
-        def keep_going(confidence: float) -> bool:
-            estimate = self.policy.confidence_estimate(confidence)
-            if not self.policy.worth_drafting_more(acceptance, estimate.mean):
-                return False
-            acceptance.append(estimate.mean)
-            self._keys.append(estimate)
-            return True
-
-        started = time.perf_counter()
-        draft = self.model.propose(history, max_tokens, params, rng, keep_going=keep_going)
-        if draft is None:  # the draft model was not confident: its time bought nothing
-            self.policy.score_draft(-(time.perf_counter() - started) / self.policy.cost(1))
-        return draft
-
-    def commit(self, history) -> None:
-        self.ngram.commit(history)
-        if self.model is not None:
-            self.model.commit(history)
-
-    def start(self, prompt) -> None:
-        self.commit(prompt)
-        self.policy.output_start = len(prompt)
-
-    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        costs = self.policy.costs
-        costs.observe_verify(len(draft.tokens) + 1, verify_seconds, self.policy.context)
-        if draft.source == "draft" and draft.tokens:
-            costs.observe_draft(draft_seconds / len(draft.tokens))
-        self.policy.observe(draft, accepted, draft_seconds + verify_seconds, self._keys)
+    def observe_wasted_model_time(self, seconds: float) -> None:
+        """The draft model was consulted and declined to draft: its time bought nothing."""
+        self.model_net -= seconds
 
 
 def _span_bucket(span: int) -> int:

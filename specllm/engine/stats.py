@@ -30,6 +30,7 @@ class Stats:
     accepted: int = 0
     seconds: float = 0.0  # generation wall time (prefill apart)
     draft_seconds: float = 0.0
+    model_seconds: float = 0.0  # the part of draft_seconds spent in the draft model
     verify_seconds: float = 0.0
     by_source: dict[str, SourceStats] = field(default_factory=dict)
     # position i: [drafted tokens at position i, accepted tokens at position i]
@@ -53,6 +54,7 @@ class Stats:
         self.target_passes += 1
         self.seconds += step.seconds
         self.draft_seconds += step.draft_seconds
+        self.model_seconds += step.model_seconds
         self.verify_seconds += step.verify_seconds
         if not step.drafted:
             return
@@ -103,6 +105,7 @@ class Stats:
             "acceptance_rate": round(self.acceptance_rate, 4),
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "draft_seconds": round(self.draft_seconds, 4),
+            "model_seconds": round(self.model_seconds, 4),
             "verify_seconds": round(self.verify_seconds, 4),
             "by_source": by_source,
             "per_position": [

@@ -1,0 +1,112 @@
+"""What plain decoding costs, and the best any drafting policy could do, on recorded text and a cost curve.
+
+At temperature 0 a draft is accepted exactly as far as it agrees with plain decoding's text, so
+with the text known, the cost of every possible step is known too. `ngram_oracle_cost` is the
+best greedy use of the n-gram cache; `two_source_oracle_cost` the cheapest schedule of plain,
+n-gram and draft-model steps (dynamic programming over positions), with the draft model paying
+for reading the prompt before its first use and every token committed without it afterwards.
+"""
+
+from __future__ import annotations
+
+from specllm.engine.costmodel import CostModel
+from specllm.engine.ngram import NgramCache
+
+INF = float("inf")
+
+
+def plain_cost(prompt: list[int], generated: list[int], costs: CostModel) -> float:
+    """Seconds plain decoding spends on `generated` under the cost model: one pass a token, deeper each time."""
+    return sum(costs.verify(1, len(prompt) - 1 + i) for i in range(len(generated)))
+
+
+def ngram_agreement(prompt: list[int], generated: list[int], ngram_sizes, max_draft: int) -> list[tuple[int, int]]:
+    """For each position of `generated`: (tokens the n-gram cache proposes there, how many of them are right)."""
+    cache = NgramCache(*ngram_sizes)
+    cache.extend(prompt)
+    out = []
+    for i in range(len(generated)):
+        proposal = cache.propose(min(max_draft, len(generated) - i - 1))
+        right = 0
+        if proposal is not None:
+            for drafted, actual in zip(proposal.tokens, generated[i:]):
+                if drafted != actual:
+                    break
+                right += 1
+        out.append((len(proposal.tokens) if proposal is not None else 0, right))
+        cache.extend(generated[i : i + 1])
+    return out
+
+
+def ngram_oracle_cost(prompt: list[int], generated: list[int], costs: CostModel, ngram_sizes, max_draft: int) -> float:
+    """Each step drafts exactly the right part of the n-gram proposal, sized for the most tokens a second."""
+    agreement = ngram_agreement(prompt, generated, ngram_sizes, max_draft)
+    i, spent = 0, 0.0
+    while i < len(generated):
+        context = len(prompt) - 1 + i  # the target's cache holds all but the last token
+        correct = agreement[i][1]
+        k = max(range(correct + 1), key=lambda n: (n + 1) / costs.verify(n + 1, context))
+        spent += costs.verify(k + 1, context)
+        i += k + 1
+    return spent
+
+
+def draft_run_lengths(generated: list[int], draft_argmax: list[int], offset: int) -> list[int]:
+    """For each position i of `generated`: how many tokens from i on the draft model's greedy guesses get
+    right in a row (`draft_argmax[offset + i]` is its guess for generated[i], given the text before it)."""
+    runs = [0] * (len(generated) + 1)
+    for i in range(len(generated) - 1, -1, -1):
+        j = offset + i
+        runs[i] = runs[i + 1] + 1 if 0 <= j < len(draft_argmax) and draft_argmax[j] == generated[i] else 0
+    return runs[: len(generated)]
+
+
+def two_source_oracle_cost(
+    prompt: list[int], generated: list[int], costs: CostModel, ngram_sizes, max_draft: int, draft_argmax: list[int] | None
+) -> float:
+    """The cheapest schedule of plain, n-gram and draft-model steps that produces `generated`.
+
+    State: position i and whether the draft model is being kept in use (it then owes reading every
+    token committed without it: `draft_token_seconds` each, paid at its next use). Entering costs
+    reading the prompt and what came before i. Leaving is free; re-entering is priced as reading
+    everything again (an overestimate, so the bound is slightly low where a pause would pay).
+    `draft_argmax[i]` is the draft's greedy guess for generated[i] given the text before it.
+    """
+    n = len(generated)
+    agreement = ngram_agreement(prompt, generated, ngram_sizes, max_draft)
+    runs = draft_run_lengths(generated, draft_argmax, 0) if draft_argmax is not None else [0] * n
+    per_token = costs.draft_token_seconds or costs.draft_seconds
+    best = [[INF, INF] for _ in range(n + 1)]  # [not using the draft model, using it]
+    best[0][0] = 0.0
+    for i in range(n):
+        context = len(prompt) - 1 + i
+        limit = min(max_draft, n - i - 1)
+        for using in (0, 1):
+            here = best[i][using]
+            if here == INF:
+                continue
+            if using:  # leaving the draft model is free
+                best[i][0] = min(best[i][0], here)
+            owed = per_token if using else 0.0
+            proposed, right = agreement[i]
+            for m in range(1, min(right, limit) + 2):  # commit m tokens: m - 1 drafted and right, and one more
+                k_options = [m - 1] if m - 1 < right else range(m - 1, min(max(proposed, m - 1), limit) + 1)
+                seconds = min(costs.verify(k + 1, context) for k in k_options)
+                _relax(best, i + m, using, here + seconds + owed * m)
+            if draft_argmax is None:
+                continue
+            enter = 0.0 if using else costs.catch_up(len(prompt) + i) - costs.draft_seconds
+            run = runs[i]
+            for k in range(1, limit + 1):
+                accepted = min(k, run)
+                full = accepted == k  # the last drafted token was never read by the draft model: one more owed
+                seconds = enter + k * costs.draft_seconds + costs.verify(k + 1, context) + (per_token if full else 0.0)
+                _relax(best, i + accepted + 1, 1, here + seconds)
+                if k > run:
+                    break  # drafting further past the first wrong token only costs more
+    return min(best[n])
+
+
+def _relax(best, i: int, using: int, value: float) -> None:
+    if i < len(best) and value < best[i][using]:
+        best[i][using] = value

@@ -1,0 +1,76 @@
+"""`--spec auto`'s drafter: asks the policy what to draft, drafts it, and tells the policy how it went.
+
+It owns the two sources (the n-gram cache and, when there is one, the draft model) and the
+measurements of this machine that the policy reads through its cost model; the policy's state is
+the policy's own, changed only through its methods.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from specllm.engine.drafters import Draft, ModelDrafter, NgramDrafter
+from specllm.engine.policy import Beta, CostAwarePolicy
+
+
+class AutoDrafter:
+    def __init__(self, ngram: NgramDrafter, model: ModelDrafter | None, policy: CostAwarePolicy):
+        self.ngram, self.model, self.policy = ngram, model, policy
+        self._keys: list[Beta] = []  # the estimate behind each drafted token, updated when the outcome is known
+
+    def propose(self, history, max_tokens, params, rng) -> Draft | None:
+        self.ngram.commit(history)
+        self.policy.at_step(len(history) - 1, max_tokens + 1)  # the target's cache holds all but the last token
+        self._keys = []
+        proposal = self.ngram.proposal(min(max_tokens, self.policy.draft_max))
+        pending = self.model.pending(history) if self.model is not None else 0
+        plan = self.policy.plan(proposal, pending)
+        if plan.source == "ngram":
+            self._keys = list(plan.ngram_keys)
+            return Draft(proposal.tokens[: len(self._keys)], None, "ngram", proposal.span)
+        if plan.source == "draft":
+            return self._propose_from_model(history, min(max_tokens, plan.draft_tokens), params, rng)
+        return None
+
+    def _propose_from_model(self, history, max_tokens, params, rng) -> Draft | None:
+        acceptance: list[float] = []
+
+        def keep_going(confidence: float) -> bool:
+            estimate = self.policy.confidence_estimate(confidence)
+            if not self.policy.worth_including(acceptance, estimate.mean):
+                return False
+            acceptance.append(estimate.mean)
+            self._keys.append(estimate)
+            return True
+
+        def look_further() -> bool:
+            return self.policy.worth_looking_further(acceptance)
+
+        started = time.perf_counter()
+        draft = self.model.propose(history, max_tokens, params, rng, keep_going=keep_going, look_further=look_further)
+        seconds = time.perf_counter() - started
+        caught_up = self.model.caught_up
+        self.policy.observe_model_use(caught_up)
+        if draft is None:  # the draft model was not confident enough: its time bought nothing
+            self.policy.observe_wasted_model_time(seconds)
+            return Draft([], None, "draft", model_seconds=seconds)
+        if caught_up > 1:  # the catch-up is what the drafting steps after it did not cost
+            self.policy.costs.observe_catch_up(caught_up, seconds - (len(draft.tokens) - 1) * self.policy.costs.draft_seconds)
+        return replace(draft, model_seconds=seconds)
+
+    def commit(self, history) -> None:
+        self.ngram.commit(history)
+        if self.model is not None:
+            self.model.commit(history)
+
+    def start(self, prompt) -> None:
+        self.commit(prompt)
+        self.policy.begin(len(prompt))
+
+    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        costs = self.policy.costs
+        costs.observe_verify(len(draft.tokens) + 1, verify_seconds, self.policy.context)
+        if draft.source == "draft" and len(draft.tokens) > 1 and self.model.caught_up == 1:
+            costs.observe_draft(draft_seconds / len(draft.tokens))  # steps only: no catch-up in it
+        self.policy.observe(draft.source if draft.tokens else None, len(draft.tokens), accepted, draft_seconds + verify_seconds, self._keys)

@@ -1,0 +1,50 @@
+"""Every prior and constant of `--spec auto`, in one place, each with its reason and its data.
+
+The policy's decisions come from the measured cost curve and from acceptance learned during the
+generation; these numbers only say where learning starts and how far a bet may go. None is
+per machine. "dev.jsonl" is the project's workload (62 prompts); "recorded text" means plain
+decoding's greedy output of the default pair on it, which `scripts/replay_policy.py` replays.
+"""
+
+# -- learning -----------------------------------------------------------------------------
+PRIOR_WEIGHT = 2.0  # a prior counts as two observed tokens: a few real outcomes outweigh it
+THROUGHPUT_DECAY = 0.1  # weight of one step in the running throughput R (about the last 10 steps)
+RATE_SHRINK = 0.5  # R is shrunk halfway to plain decoding's rate: a lucky streak must not make good drafts look poor
+
+# -- n-gram drafts: the first token -------------------------------------------------------
+FIRST_PRIOR = 0.5  # a first token of a kind not seen yet: even odds, then the generation's own record
+# Long agreeing spans mean the text is being copied: on recorded text, a span of 8-15 tokens had its
+# first drafted token right 90%+ of the time in code edits and summaries, 16+ 95%+.
+COPY_PRIOR = {8: 0.9, 16: 0.95}
+MIXED_PRIOR = 0.25  # an n-gram followed by different tokens before: the cache's guess is one of several
+# A copy of this generation's own output (the model repeating its phrase): on recorded text, 68% of
+# such first tokens at spans of 8+ were right, against 96-100% for copies of the prompt in summaries
+# and code edits; it starts where a common phrase does.
+OWN_PRIOR = 0.5
+
+# -- n-gram drafts: each further token ----------------------------------------------------
+# After an accepted token, copies of unique text run on, common phrases soon end (recorded text:
+# continuation 88-97% for copies of the prompt, 21-32% of own-output copies ran 3 tokens).
+CONTINUATION_PRIOR = {"unique": 0.9, "repeated": 0.6, "own": 0.6}
+DEPTH_PRIOR = {32: 0.97, 16: 0.95, 8: 0.9}  # a copy that has agreed this deep runs on more often (prompt copies only)
+# Long drafts are bets: at most 1 + CAP_GROWTH * (n-gram tokens accepted so far), or half the
+# agreeing span when that is longer, so one early lucky match does not buy a 31-token batch.
+CAP_GROWTH = 2
+
+# -- the draft model ----------------------------------------------------------------------
+# Per-token acceptance of a small draft of the same family before any outcome: measured offline
+# for the default pair (0.5B over the 1.5B's greedy text) it picks the target's token 62% of the
+# time on translation, 75% on questions, 84-94% on math, writing and retrieval, 99% on code edits.
+# The prior is the lowest of these: pessimistic, so the draft model must earn its place.
+DRAFT_PRIOR = 0.6
+# Consulting the draft model to learn its acceptance is exploration: where it turns out not to pay
+# it may cost at most this share of the plain-decoding time of the tokens asked for.
+EXPLORATION_SHARE = 0.02
+# The tokens over which the draft model's first use must pay back its catch-up, and of which the
+# exploration budget is a share: the tokens asked for, but at most this many (a chat asks for
+# 2048 and replies with a few hundred; Spec-Bench's answers run 100-400 tokens).
+HORIZON = 256
+# The draft model's confidence (its top probability) says how likely its token is accepted; learned
+# per bucket, starting at the bucket's middle (capped at 0.95).
+CONFIDENCE_EDGES = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.01)
+CONFIDENCE_CAP = 0.95
