@@ -191,11 +191,7 @@ def simulate(data: dict, costs, draft_max: int, use_draft: bool = True, verbose:
     """Per category, seconds on the virtual clock: plain decoding, auto (with the draft model when
     recorded and `use_draft`), auto with the n-gram cache alone, the n-gram oracle, the two-source
     oracle; and the prompts."""
-    from specllm.bench.oracle import (
-        ngram_oracle_cost,
-        plain_cost,
-        two_source_oracle_cost,
-    )
+    from specllm.bench.oracle import ngram_oracle_cost, two_source_oracle_cost
     from specllm.engine import auto, decode, drafters
 
     clock = Clock()
@@ -278,7 +274,7 @@ def load_curve(path: str, max_batch: int):
     report = json.loads(Path(path).read_text())
     if "calibrated" in report:  # a machine file
         costs = CostModel.from_dict(report["calibrated"])
-        costs.draft_token_seconds = _draft_token_seconds(report)
+        costs.draft_token_seconds = costs.draft_token_seconds or _draft_token_seconds(report)
     elif "verify_cost" in report:  # bench --json
         curve = {c["batch"]: c["ms"] / 1000 for c in report["verify_cost"]}
         depth, context_seconds = report.get("verify_cost_depth", 0), report.get("verify_context_us", 0.0) / 1e6

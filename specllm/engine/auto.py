@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import numpy as np
+
 from specllm.engine.drafters import Draft, ModelDrafter, NgramDrafter
 from specllm.engine.policy import Beta, CostAwarePolicy
 
@@ -18,6 +20,7 @@ class AutoDrafter:
     def __init__(self, ngram: NgramDrafter, model: ModelDrafter | None, policy: CostAwarePolicy):
         self.ngram, self.model, self.policy = ngram, model, policy
         self._keys: list[Beta] = []  # the estimate behind each drafted token, updated when the outcome is known
+        self._copy = None  # an n-gram continuation the draft model ran into while drafting
 
     def propose(self, history, max_tokens, params, rng) -> Draft | None:
         self.ngram.commit(history)
@@ -44,9 +47,13 @@ class AutoDrafter:
             self._keys.append(estimate)
             return True
 
-        def look_further() -> bool:
-            return self.policy.worth_looking_further(acceptance)
+        def look_further(drafted: list[int]) -> bool:
+            if not self.policy.worth_looking_further(acceptance):
+                return False
+            self._copy = self._copy_ahead(history + drafted, acceptance)
+            return not self._copy
 
+        self._copy = None
         started = time.perf_counter()
         draft = self.model.propose(history, max_tokens, params, rng, keep_going=keep_going, look_further=look_further)
         seconds = time.perf_counter() - started
@@ -57,7 +64,32 @@ class AutoDrafter:
             return Draft([], None, "draft", model_seconds=seconds)
         if caught_up > 1:  # the catch-up is what the drafting steps after it did not cost
             self.policy.costs.observe_catch_up(caught_up, seconds - (len(draft.tokens) - 1) * self.policy.costs.draft_seconds)
-        return replace(draft, model_seconds=seconds)
+        draft = replace(draft, model_seconds=seconds)
+        return self._append_copy(draft, max_tokens - len(draft.tokens)) if self._copy else draft
+
+    def _copy_ahead(self, text: list[int], acceptance: list[float]):
+        """The n-gram draft to append when the text the draft model is writing has become a copy the
+        n-gram cache drafts for free, and appending it is worth more than drafting on with the model
+        (its tokens and the estimates behind them), or None."""
+        proposal = self.ngram.cache.propose_after(text, self.policy.draft_max - len(acceptance), source_offset=0)
+        if proposal is None or not proposal.tokens:
+            return None
+        keys = self.policy.ngram_draft(proposal)
+        if keys and self.policy.copy_beats_model(acceptance, [key.mean for key in keys]):
+            return proposal.tokens[: len(keys)], keys
+        return None
+
+    def _append_copy(self, draft: Draft, room: int) -> Draft:
+        """The draft model's tokens, then the copy it ran into (one-hot rows: an n-gram draft is exact)."""
+        tokens, keys = self._copy
+        tokens, keys = tokens[:room], keys[:room]
+        self._keys += keys
+        q_draft = draft.q_draft
+        if q_draft is not None:
+            rows = np.zeros((len(tokens), q_draft.shape[1]), dtype=q_draft.dtype)
+            rows[np.arange(len(tokens)), tokens] = 1.0
+            q_draft = np.vstack([q_draft, rows])
+        return replace(draft, tokens=draft.tokens + tokens, q_draft=q_draft)
 
     def commit(self, history) -> None:
         self.ngram.commit(history)

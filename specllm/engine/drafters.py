@@ -110,7 +110,7 @@ class ModelDrafter:
 
     def propose(self, history, max_tokens, params, rng, keep_going=None, look_further=None) -> Draft | None:
         """Draft token by token while `keep_going(confidence)` (default: confidence >= p_min), and
-        after each drafted token evaluate the next only if `look_further()` (default: always).
+        after each drafted token evaluate the next only if `look_further(tokens drafted so far)` (default: always).
 
         Confidence is the draft's top probability, judged before sampling, so that stopping
         never depends on the token drawn and each drafted token stays an exact sample of q_draft.
@@ -136,7 +136,7 @@ class ModelDrafter:
             tokens.append(token)
             if len(tokens) >= max_tokens or self.model.n_past + 1 > self.model.n_ctx:
                 break
-            if look_further is not None and not look_further():
+            if look_further is not None and not look_further(tokens):
                 break
             logits = self._fit(self.model.evaluate([token], [0])[0])
             self.kv_tokens.append(token)

@@ -52,6 +52,11 @@ class Beta:
         self.accepted += accepted
         self.rejected += rejected
 
+    @property
+    def observed(self) -> bool:
+        """Whether any outcome has been counted beyond the prior."""
+        return self.accepted + self.rejected > priors.PRIOR_WEIGHT
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -76,19 +81,19 @@ class CostAwarePolicy:
         self.first: dict[tuple[str, int, bool], Beta] = {}  # by (kind, span bucket, last_full)
         self.first_pool = Beta.prior(priors.FIRST_PRIOR)  # every first token: the prior of kinds not seen yet
         self.continuation: dict[tuple[str, int], Beta] = {}  # by (unique, repeated or own, depth bucket)
-        self.ngram_accepted = 0  # n-gram tokens accepted so far: how long a draft may be
+        self.ngram_gain = 0.0  # seconds n-gram drafts have saved against plain decoding: how long a draft may be
         self.last_full = True  # was the previous draft fully accepted?
         # draft-model learning
         self.has_draft_model = has_draft_model
         self.draft_acceptance = Beta.prior(priors.DRAFT_PRIOR)
-        edges = priors.CONFIDENCE_EDGES
-        self.confidence = [Beta.prior(min(priors.CONFIDENCE_CAP, (lo + hi) / 2)) for lo, hi in zip(edges, edges[1:])]
+        self.confidence = [Beta.prior(mean) for mean in priors.CONFIDENCE_PRIORS]
         self.model_state = COLD
-        self.steps = self.ngram_steps = 0  # steps of this generation, and those that drafted from the n-gram cache
+        self.committed = self.ngram_committed = 0  # tokens of this generation, and those committed by n-gram steps
         self.tokens_left = 0
         self.budget: float | None = 0.0  # seconds the draft model may lose in this generation (None: set at its first step)
         self.model_net = 0.0  # seconds the draft model has saved (negative: lost) against plain decoding
         self.entry_seconds = 0.0  # what its first catch-up cost beyond one step: the investment
+        self.waited = 0.0  # seconds of this generation's steps before the draft model's first use
 
     # -- what the drafter tells the policy --------------------------------------------------
 
@@ -96,9 +101,9 @@ class CostAwarePolicy:
         """A generation starts after `prompt_length` tokens; its first step says how long it may run."""
         self.output_start = prompt_length
         self.model_state = COLD if self.has_draft_model else RETIRED
-        self.steps = self.ngram_steps = 0
+        self.committed = self.ngram_committed = 0
         self.budget = None
-        self.model_net = self.entry_seconds = 0.0
+        self.model_net = self.entry_seconds = self.waited = 0.0
 
     def at_step(self, context: int, tokens_left: int) -> None:
         """This step's target context (tokens in its KV cache) and how many tokens may still come
@@ -123,7 +128,10 @@ class CostAwarePolicy:
         rate = self.target_rate()
         plain = 1.0 - rate * (self.cost(1) + owed)
         ngram = committed - rate * (self.cost(len(keys) + 1) + owed * committed) if keys else plain
-        if keep_model:
+        # The n-gram cache goes first whenever its draft is worth verifying: it costs no drafting
+        # time, and only drafting it keeps showing whether the text is being copied.
+        ngram_first = keys and ngram > plain
+        if keep_model and not ngram_first:
             k, model = self._best_model_length()
             if k and model > max(plain, ngram):
                 return Plan("draft", draft_tokens=min(self.draft_max, self.tokens_left - 1))
@@ -136,18 +144,21 @@ class CostAwarePolicy:
         owed = self.costs.catch_up(pending) - self.costs.draft_seconds  # beyond the one step any use costs
         gain = self.model_gain_per_token() * self.tokens_left * self._model_share()
         if self.model_state == COLD:
-            if gain > owed or owed + self.costs.draft_seconds <= self.budget:
-                return True
-            return False
+            if owed + self.costs.draft_seconds <= self.budget:
+                return True  # cheaper to find out than the exploration budget
+            # Worth reading the prompt for, and (as in ski rental) only once the generation has spent
+            # as long without the draft model as reading would cost: the n-gram cache has had its
+            # chance to show a copy by then, and a wrong entry costs at most twice the right choice.
+            return gain > owed and self.waited >= owed
         if self.model_net + self.entry_seconds < -self.budget or gain < owed:
             self.model_state = RETIRED  # it lost its budget, or cannot win back what it would still need
             return False
         return True
 
     def _model_share(self) -> float:
-        """The expected share of the tokens left that the draft model would draft: those not left to
-        the n-gram cache so far (a Laplace estimate: half before the first step)."""
-        return (self.steps - self.ngram_steps + 1) / (self.steps + 2)
+        """The expected share of the tokens left that the draft model would draft: the share of this
+        generation's tokens that n-gram drafts did not commit (a Laplace estimate: half at first)."""
+        return (self.committed - self.ngram_committed + 1) / (self.committed + 2)
 
     def model_gain_per_token(self) -> float:
         """Seconds the draft model saves per committed token at its learned acceptance, at the best
@@ -198,9 +209,19 @@ class CostAwarePolicy:
 
     def ngram_draft(self, proposal: NgramProposal) -> list[Beta]:
         """The estimates behind the proposal's tokens worth drafting: as many as pay (none: draft nothing)."""
-        cap = max(1 + priors.CAP_GROWTH * self.ngram_accepted, proposal.span // 2)
-        keys = self.ngram_keys(proposal, min(len(proposal.tokens), self.draft_max, cap))
+        keys = self.ngram_keys(proposal, min(len(proposal.tokens), self.draft_max, self._bet_cap(proposal.span)))
         return keys[: self.best_length([estimate.mean for estimate in keys], 0.0)]
+
+    def _bet_cap(self, span: int) -> int:
+        """The longest n-gram draft whose extra verification cost, should all of it be wrong, stays
+        within one single-token pass plus CAP_GROWTH times what n-gram drafts have saved so far; or
+        half the agreeing span when that is longer. On a flat curve (a GPU) that is every length at
+        once, on a steep one (a CPU) a token or two until copies have paid for longer bets."""
+        allowed = self.cost(1) + priors.CAP_GROWTH * max(self.ngram_gain, 0.0)
+        cap = 1
+        while cap < self.draft_max and self.cost(cap + 2) - self.cost(1) <= allowed:
+            cap += 1
+        return max(cap, span // 2)
 
     def cost(self, k: int) -> float:
         """Seconds of a target pass over k tokens at this step's context."""
@@ -239,6 +260,24 @@ class CostAwarePolicy:
         cost = self.costs.draft_seconds + self.cost(k + 2) - self.cost(k + 1)
         return survive * acceptance[-1] > self.target_rate() * cost
 
+    def copy_beats_model(self, acceptance: list[float], copy: list[float]) -> bool:
+        """After k tokens from the draft model: is appending an n-gram copy (tokens accepted with
+        `copy`'s estimates, costing only their rows in the batch) worth more than drafting on with the
+        model (each token about as likely as its last, a draft step and a row each)?"""
+        k, rate = len(acceptance), self.target_rate()
+        survive = float(np.prod(acceptance))
+        copy_value, alive = 0.0, survive
+        for estimate in copy:
+            alive *= estimate
+            copy_value += alive
+        copy_value -= rate * (self.cost(k + 1 + len(copy)) - self.cost(k + 1))
+        model_value, best, alive = 0.0, 0.0, survive
+        for j in range(1, len(copy) + 1):
+            alive *= acceptance[-1]
+            model_value += alive - rate * (self.costs.draft_seconds + self.cost(k + 1 + j) - self.cost(k + j))
+            best = max(best, model_value)
+        return copy_value > best
+
     def target_rate(self) -> float:
         """R, the value of a second in tokens: the running throughput, shrunk towards plain
         decoding's rate so that a lucky streak does not make ordinary good drafts look poor."""
@@ -252,14 +291,16 @@ class CostAwarePolicy:
         and, for a draft-model step, its estimates and what it saved against plain decoding."""
         for i, estimate in enumerate(keys[: accepted + 1]):
             estimate.observe(i < accepted, i == accepted and accepted < drafted)
-        self.steps += 1
+        committed = accepted + 1
+        self.committed += committed
+        if self.model_state == COLD:
+            self.waited += seconds
         if drafted:
             self.last_full = accepted == drafted
         if source == "ngram" and drafted:
-            self.ngram_steps += 1
+            self.ngram_committed += committed
             self.first_pool.observe(accepted > 0, accepted == 0)
-            self.ngram_accepted += accepted
-        committed = accepted + 1
+            self.ngram_gain += committed * self.cost(1) - seconds
         plain_rate = 1.0 / self.cost(1)
         if seconds > 0:
             self.throughput += priors.THROUGHPUT_DECAY * (committed / seconds - self.throughput)
