@@ -59,9 +59,9 @@ class AutoDrafter:
         seconds = time.perf_counter() - started
         caught_up = self.model.caught_up
         self.policy.observe_model_use(caught_up)
-        if draft is None:  # the draft model was not confident enough: its time bought nothing
+        if not draft.tokens:  # the draft model was not confident enough: its time bought nothing
             self.policy.observe_wasted_model_time(seconds)
-            return Draft([], None, "draft", model_seconds=seconds)
+            return replace(draft, model_seconds=seconds)
         if caught_up > 1:  # the catch-up is what the drafting steps after it did not cost
             self.policy.costs.observe_catch_up(caught_up, seconds - (len(draft.tokens) - 1) * self.policy.costs.draft_seconds)
         draft = replace(draft, model_seconds=seconds)

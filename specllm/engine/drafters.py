@@ -140,8 +140,8 @@ class ModelDrafter:
                 break
             logits = self._fit(self.model.evaluate([token], [0])[0])
             self.kv_tokens.append(token)
-        if not tokens:
-            return None
+        if not tokens:  # not confident: an empty draft, so the time spent reading is still accounted
+            return Draft([], None, self.source, model_seconds=time.perf_counter() - started)
         q_draft = np.vstack(rows) if rows else None
         return Draft(tokens, q_draft, self.source, model_seconds=time.perf_counter() - started)
 
@@ -195,8 +195,8 @@ class ChainDrafter:
     def propose(self, history, max_tokens, params, rng) -> Draft | None:
         for drafter in self.drafters:
             draft = drafter.propose(history, max_tokens, params, rng)
-            if draft is not None:
-                return draft
+            if draft is not None and (draft.tokens or drafter is self.drafters[-1]):
+                return draft  # an empty draft only from the last: it carries the time spent
         return None
 
     def commit(self, history: list[int]) -> None:
