@@ -21,13 +21,14 @@ class AutoDrafter:
         self.ngram, self.model, self.policy = ngram, model, policy
         self._keys: list[Beta] = []  # the estimate behind each drafted token, updated when the outcome is known
         self._copy = None  # an n-gram continuation the draft model ran into while drafting
+        self._model_drafted = 0  # tokens the draft model wrote in the last draft (a copy may follow them)
 
     def propose(self, history, max_tokens, params, rng) -> Draft | None:
         self.ngram.commit(history)
         self.policy.at_step(len(history) - 1, max_tokens + 1)  # the target's cache holds all but the last token
         self._keys = []
         proposal = self.ngram.proposal(min(max_tokens, self.policy.draft_max))
-        pending = self.model.pending(history) if self.model is not None else 0
+        pending = self.model.pending(history) if self.model is not None and self.policy.model_in_play else 0
         plan = self.policy.plan(proposal, pending)
         if plan.source == "ngram":
             self._keys = list(plan.ngram_keys)
@@ -53,7 +54,7 @@ class AutoDrafter:
             self._copy = self._copy_ahead(history + drafted, acceptance)
             return not self._copy
 
-        self._copy = None
+        self._copy, self._model_drafted = None, 0
         started = time.perf_counter()
         draft = self.model.propose(history, max_tokens, params, rng, keep_going=keep_going, look_further=look_further)
         seconds = time.perf_counter() - started
@@ -65,6 +66,7 @@ class AutoDrafter:
         if caught_up > 1:  # the catch-up is what the drafting steps after it did not cost
             self.policy.costs.observe_catch_up(caught_up, seconds - (len(draft.tokens) - 1) * self.policy.costs.draft_seconds)
         draft = replace(draft, model_seconds=seconds)
+        self._model_drafted = len(draft.tokens)
         return self._append_copy(draft, max_tokens - len(draft.tokens)) if self._copy else draft
 
     def _copy_ahead(self, text: list[int], acceptance: list[float]):
@@ -103,6 +105,7 @@ class AutoDrafter:
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         costs = self.policy.costs
         costs.observe_verify(len(draft.tokens) + 1, verify_seconds, self.policy.context)
-        if draft.source == "draft" and len(draft.tokens) > 1 and self.model.caught_up == 1:
-            costs.observe_draft(draft_seconds / len(draft.tokens))  # steps only: no catch-up in it
-        self.policy.observe(draft.source if draft.tokens else None, len(draft.tokens), accepted, draft_seconds + verify_seconds, self._keys)
+        if draft.source == "draft" and self._model_drafted > 1 and self.model.caught_up == 1:
+            costs.observe_draft(draft.model_seconds / self._model_drafted)  # steps only: no catch-up in it
+        source = draft.source if draft.tokens else None
+        self.policy.observe(source, len(draft.tokens), accepted, draft_seconds + verify_seconds, self._keys, self._model_drafted)

@@ -62,11 +62,10 @@ class NgramDrafter:
 
     def proposal(self, max_tokens: int) -> NgramProposal | None:
         """The history's own match, else the memory's (its `source` is -1: not this history's text)."""
-        for cache in (self.cache, self.memory):
-            proposal = cache.propose(max_tokens) if cache is self.cache else cache.propose_after(self.cache.tokens, max_tokens)
-            if proposal is not None and proposal.tokens:
-                return proposal
-        return None
+        proposal = self.cache.propose(max_tokens)
+        if (proposal is None or not proposal.tokens) and len(self.memory):
+            proposal = self.memory.propose_after(self.cache.tokens, max_tokens)
+        return proposal if proposal is not None and proposal.tokens else None
 
     def commit(self, history: list[int]) -> None:
         """Bring the index in line with the history (usually: append the newly committed tokens).

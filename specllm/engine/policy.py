@@ -52,11 +52,6 @@ class Beta:
         self.accepted += accepted
         self.rejected += rejected
 
-    @property
-    def observed(self) -> bool:
-        """Whether any outcome has been counted beyond the prior."""
-        return self.accepted + self.rejected > priors.PRIOR_WEIGHT
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -117,7 +112,8 @@ class CostAwarePolicy:
     def plan(self, proposal: NgramProposal | None, pending: int) -> Plan:
         """The step of highest worth: plain, the n-gram proposal's best prefix, or the draft model
         (which would first read `pending` committed tokens)."""
-        keep_model = self._keep_model(pending)
+        best_k, best_model = self._best_model_length() if self.model_in_play else (0, 0.0)
+        keep_model = self._keep_model(pending, best_k)
         # While the draft model stays in use, every token committed without it must be read later.
         owed = (self.costs.draft_token_seconds or self.costs.draft_seconds) if keep_model else 0.0
         keys = self.ngram_draft(proposal) if proposal is not None and proposal.tokens else []
@@ -130,22 +126,33 @@ class CostAwarePolicy:
         ngram = committed - rate * (self.cost(len(keys) + 1) + owed * committed) if keys else plain
         # The n-gram cache goes first whenever its draft is worth verifying: it costs no drafting
         # time, and only drafting it keeps showing whether the text is being copied.
-        ngram_first = keys and ngram > plain
-        if keep_model and not ngram_first:
-            k, model = self._best_model_length()
-            if k and model > max(plain, ngram):
-                return Plan("draft", draft_tokens=min(self.draft_max, self.tokens_left - 1))
-        return Plan("ngram", tuple(keys)) if keys and ngram > plain else Plan(None)
+        if keys and ngram > plain:
+            return Plan("ngram", tuple(keys))
+        if keep_model and best_k and best_model > plain:
+            return Plan("draft", draft_tokens=min(self.draft_max, self.tokens_left - 1))
+        return Plan(None)
 
-    def _keep_model(self, pending: int) -> bool:
-        """Whether the draft model is (still, or now first) worth its catch-up in this generation."""
+    @property
+    def model_in_play(self) -> bool:
+        """Whether the draft model may still be consulted in this generation."""
+        return self.model_state != RETIRED
+
+    def _keep_model(self, pending: int, best_k: int) -> bool:
+        """Whether the draft model is (still, or now first) worth its catch-up in this generation
+        (`best_k`: its best draft length at the learned acceptance, 0 when none beats plain)."""
         if self.model_state == RETIRED or self.tokens_left < 2:
             return False
         owed = self.costs.catch_up(pending) - self.costs.draft_seconds  # beyond the one step any use costs
-        gain = self.model_gain_per_token() * self.tokens_left * self._model_share()
+        gain_per_token = self.model_gain_per_token(best_k)
+        gain = gain_per_token * self.tokens_left * self._model_share()
         if self.model_state == COLD:
             if owed + self.costs.draft_seconds <= self.budget:
                 return True  # cheaper to find out than the exploration budget
+            if gain_per_token <= 0:
+                # Its acceptance stays at the prior while it is unused and what it must read only
+                # grows: it cannot become worth consulting in this generation.
+                self.model_state = RETIRED
+                return False
             # Worth reading the prompt for, and (as in ski rental) only once the generation has spent
             # as long without the draft model as reading would cost: the n-gram cache has had its
             # chance to show a copy by then, and a wrong entry costs at most twice the right choice.
@@ -160,10 +167,11 @@ class CostAwarePolicy:
         generation's tokens that n-gram drafts did not commit (a Laplace estimate: half at first)."""
         return (self.committed - self.ngram_committed + 1) / (self.committed + 2)
 
-    def model_gain_per_token(self) -> float:
-        """Seconds the draft model saves per committed token at its learned acceptance, at the best
-        length, against plain decoding (negative: it loses)."""
-        k, _ = self._best_model_length()
+    def model_gain_per_token(self, k: int | None = None) -> float:
+        """Seconds the draft model saves per committed token at its learned acceptance, at draft
+        length k (default: the best), against plain decoding (0 when no length beats plain)."""
+        if k is None:
+            k, _ = self._best_model_length()
         if not k:
             return 0.0
         alpha = self.draft_acceptance.mean
@@ -286,9 +294,12 @@ class CostAwarePolicy:
 
     # -- learning -------------------------------------------------------------------------
 
-    def observe(self, source: str | None, drafted: int, accepted: int, seconds: float, keys: list[Beta]) -> None:
+    def observe(
+        self, source: str | None, drafted: int, accepted: int, seconds: float, keys: list[Beta], model_drafted: int | None = None
+    ) -> None:
         """One verified step (`seconds`: drafting and verifying): acceptance (censored), throughput,
-        and, for a draft-model step, its estimates and what it saved against plain decoding."""
+        and, for a draft-model step, its estimates and what it saved against plain decoding
+        (`model_drafted`: how many of the drafted tokens the model wrote, before a copy appended to them)."""
         for i, estimate in enumerate(keys[: accepted + 1]):
             estimate.observe(i < accepted, i == accepted and accepted < drafted)
         committed = accepted + 1
@@ -306,7 +317,8 @@ class CostAwarePolicy:
             self.throughput += priors.THROUGHPUT_DECAY * (committed / seconds - self.throughput)
             self.throughput = max(self.throughput, plain_rate)  # never aim below plain decoding
         if source == "draft":
-            self.draft_acceptance.observe(accepted, accepted < drafted)
+            own = drafted if model_drafted is None else model_drafted
+            self.draft_acceptance.observe(min(accepted, own), accepted < own)
             self.model_net += committed * self.cost(1) - seconds
 
     def observe_model_use(self, caught_up: int) -> None:
