@@ -191,7 +191,7 @@ def simulate(data: dict, costs, draft_max: int, use_draft: bool = True, verbose:
     """Per category, seconds on the virtual clock: plain decoding, auto (with the draft model when
     recorded and `use_draft`), auto with the n-gram cache alone, the n-gram oracle, the two-source
     oracle; and the prompts."""
-    from specllm.bench.oracle import ngram_oracle_cost, two_source_oracle_cost
+    from specllm.bench.oracle import ngram_oracle_cost, plain_cost, two_source_oracle_cost
     from specllm.engine import auto, decode, drafters
 
     clock = Clock()
@@ -203,10 +203,10 @@ def simulate(data: dict, costs, draft_max: int, use_draft: bool = True, verbose:
         for stream in data["streams"]:
             sequence = stream["prompt"] + stream["tokens"] + ([data["eog"]] if stream["stopped"] else [])
             record = stream.get("draft") if use_draft else None
-            figures = {"plain": _plain(stream, data, costs), "prompts": 1}
+            end_pass = costs.verify(1, len(sequence) - 2) if stream["stopped"] else 0.0  # the pass that chose the end token
+            figures = {"plain": plain_cost(stream["prompt"], stream["tokens"], costs) + end_pass, "prompts": 1}
             figures["auto"] = _run_auto(stream, data, sequence, record, costs, draft_max, clock)
             figures["ngram_only"] = _run_auto(stream, data, sequence, None, costs, draft_max, clock) if record else figures["auto"]
-            end_pass = _end_pass(stream, sequence, costs)
             figures["ngram_oracle"] = ngram_oracle_cost(stream["prompt"], stream["tokens"], costs, (2, 4), draft_max) + end_pass
             guesses = record["argmax"] if record else None
             figures["oracle"] = two_source_oracle_cost(stream["prompt"], stream["tokens"], costs, (2, 4), draft_max, guesses) + end_pass
@@ -225,17 +225,6 @@ def simulate(data: dict, costs, draft_max: int, use_draft: bool = True, verbose:
             everything[name] = everything.get(name, 0.0) + value
     by_category["all"] = everything
     return by_category
-
-
-def _end_pass(stream, sequence, costs) -> float:
-    return costs.verify(1, len(sequence) - 2) if stream["stopped"] else 0.0  # the pass that chose the end token
-
-
-def _plain(stream, data, costs) -> float:
-    from specllm.bench.oracle import plain_cost
-
-    sequence_length = len(stream["prompt"]) + len(stream["tokens"]) + stream["stopped"]
-    return plain_cost(stream["prompt"], stream["tokens"], costs) + (costs.verify(1, sequence_length - 2) if stream["stopped"] else 0.0)
 
 
 def _vocab(stream, data) -> int:

@@ -2,7 +2,9 @@
 model, or not at all, and how much.
 
 One rule for both sources: a step is worth  E[tokens committed] - R * E[seconds]  where R is the
-running throughput (tokens per second), and the policy takes the choice of highest worth. Seconds
+running throughput (tokens per second). The n-gram proposal's best prefix is drafted when it is
+worth more than plain decoding (it costs no drafting time, and only drafting it shows whether the
+text is being copied); else the draft model when it is worth more than plain decoding. Seconds
 come from the measured cost curve (`CostModel`: a target pass over k tokens at this context, a
 draft-model step, the draft model reading committed tokens). Acceptance is learned during the
 generation (`Beta` estimates with the priors of `priors.py`):
@@ -110,8 +112,8 @@ class CostAwarePolicy:
     # -- the choice -------------------------------------------------------------------------
 
     def plan(self, proposal: NgramProposal | None, pending: int) -> Plan:
-        """The step of highest worth: plain, the n-gram proposal's best prefix, or the draft model
-        (which would first read `pending` committed tokens)."""
+        """The n-gram proposal's best prefix if it beats plain decoding, else the draft model (which
+        would first read `pending` committed tokens) if it does, else plain decoding."""
         best_k, best_model = self._best_model_length() if self.model_in_play else (0, 0.0)
         keep_model = self._keep_model(pending, best_k)
         # While the draft model stays in use, every token committed without it must be read later.
