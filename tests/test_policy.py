@@ -207,3 +207,65 @@ def test_each_generation_marks_where_its_own_output_starts():
     for _ in decoder.generate(follow_up, 10, greedy, rng):
         pass
     assert drafter.policy.output_start == len(follow_up)
+
+
+def test_a_proposal_not_drafted_is_scored_against_what_was_committed():
+    """On a steep curve a short match is not worth a draft at its prior; when plain steps keep
+    committing exactly what it proposed, the policy learns the text is a copy and drafts it. Where
+    they commit something else, it keeps declining."""
+    copying, elsewhere = CostAwarePolicy(CPU_2.copy(), draft_max=15), CostAwarePolicy(CPU_2.copy(), draft_max=15)
+    proposal = _proposal(3)
+    assert copying.ngram_draft(proposal) == [] and elsewhere.ngram_draft(proposal) == []
+    for _ in range(10):
+        copying.observe_declined(copying.ngram_keys(proposal, 15), proposal.tokens, proposal.tokens[:1])
+        elsewhere.observe_declined(elsewhere.ngram_keys(proposal, 15), proposal.tokens, [99])
+    assert len(copying.ngram_draft(proposal)) > 0
+    assert elsewhere.ngram_draft(proposal) == []
+
+
+def test_what_a_plain_step_commits_scores_the_proposal_it_declined():
+    """Through the drafter: the proposal declined at one step is scored by the token the next step sees."""
+    policy = CostAwarePolicy(CPU_2.copy(), draft_max=15)
+    drafter = AutoDrafter(NgramDrafter(2, 4), None, policy)
+    history = [5, 6, 7, 8, 9, 1, 2, 3, 5, 6]  # "5 6" was followed by 7 before: a short match
+    drafter.start(history)
+    assert drafter.propose(history, 15, SamplingParams(temperature=0.0), np.random.default_rng(0)) is None
+    before = {key: (beta.accepted, beta.rejected) for key, beta in policy.first.items()}
+    drafter.propose(history + [7], 15, SamplingParams(temperature=0.0), np.random.default_rng(0))
+    gained = [key for key, beta in policy.first.items() if key in before and beta.accepted == before[key][0] + 1]
+    assert gained and all(policy.first[key].rejected == before[key][1] for key in gained)
+
+
+# Shaped like ../shared/machines/flat-gpu-synthetic.json: batches nearly flat, a draft step 0.35 of a
+# pass, reading a token in a batch 0.011 of one.
+FLAT = CostModel({k: 0.012 * (1 + 0.02 * (k - 1)) for k in (1, 2, 4, 8, 16, 32)}, draft_seconds=0.0042, draft_token_seconds=0.00013)
+
+
+def test_a_few_unlucky_first_drafts_do_not_end_a_draft_model_that_may_pay():
+    """Where the draft model pays at its prior, two rejected drafts leave it consulted (its acceptance
+    is judged optimistically while its losses stay within the exploration budget)."""
+    policy = CostAwarePolicy(FLAT.copy(), draft_max=31, has_draft_model=True)
+    _start(policy, prompt_length=30)
+    assert policy.plan(None, pending=30).source == "draft"
+    policy.observe_model_use(30)
+    for step in range(2):
+        policy.observe("draft", 2, 0, 2 * FLAT.draft_seconds + FLAT.verify(3), [])
+        policy.at_step(30 + step, 127 - step)
+    assert policy.draft_acceptance.mean < 0.35  # the mean alone would no longer consult it
+    assert policy.plan(None, pending=1).source == "draft"
+
+
+def test_a_long_prompt_is_read_only_once_the_generation_shows_it_is_long():
+    """Reading a 700-token prompt costs the draft model several target passes: not at the first
+    steps (a retrieval answer may end after 20 tokens), but once the generation has run long enough
+    for the draft model to win the reading back over as many tokens again."""
+    policy = CostAwarePolicy(FLAT.copy(), draft_max=31, has_draft_model=True)
+    _start(policy, prompt_length=700)
+    first_use = None
+    for step in range(128):
+        policy.at_step(699 + step, 128 - step)
+        if policy.plan(None, pending=700 + step).source == "draft":
+            first_use = step
+            break
+        policy.observe(None, 0, 0, FLAT.verify(1), [])
+    assert first_use is not None and 10 <= first_use < 100

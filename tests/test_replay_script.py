@@ -72,8 +72,10 @@ def test_auto_is_never_slower_than_plain_decoding_in_any_category(replayed, curv
 
 @pytest.mark.parametrize("curve", CURVES)
 def test_a_draft_model_never_makes_auto_slower_than_the_ngram_cache_alone(replayed, curve):
-    figures = replayed[curve]["all"]
-    assert figures["auto"] <= 1.01 * figures["ngram_only"]
+    """In no category: where copies carry the text (retrieval, extraction) and answers are short, the
+    draft model's reading of a long prompt must wait until the generation shows it can pay it back."""
+    slower = {c: round(f["ngram_only"] / f["auto"], 3) for c, f in replayed[curve].items() if f["auto"] > 1.01 * f["ngram_only"]}
+    assert not slower, slower
 
 
 def test_the_draft_model_is_used_where_it_pays_and_left_alone_where_it_cannot(replayed):
@@ -89,7 +91,7 @@ def test_the_draft_model_is_used_where_it_pays_and_left_alone_where_it_cannot(re
 
 @pytest.mark.parametrize("curve", CURVES)
 def test_copies_reach_most_of_the_two_source_oracle(replayed, curve):
-    """Code edits re-type the code they were given: auto reaches at least 75% of the best schedule of
+    """Code edits re-type the code they were given: auto reaches at least 78% of the best schedule of
     both sources on every curve (the figures per curve are in the issue's notes)."""
     figures = replayed[curve]["code_edit"]
-    assert figures["oracle"] / figures["auto"] >= 0.75
+    assert figures["oracle"] / figures["auto"] >= 0.78

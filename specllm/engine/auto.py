@@ -22,9 +22,11 @@ class AutoDrafter:
         self._keys: list[Beta] = []  # the estimate behind each drafted token, updated when the outcome is known
         self._copy = None  # an n-gram continuation the draft model ran into while drafting
         self._model_drafted = 0  # tokens the draft model wrote in the last draft (a copy may follow them)
+        self._declined = None  # an n-gram proposal not drafted: (history length then, its tokens, their estimates)
 
     def propose(self, history, max_tokens, params, rng) -> Draft | None:
         self.ngram.commit(history)
+        self._learn_from_declined(history)
         self.policy.at_step(len(history) - 1, max_tokens + 1)  # the target's cache holds all but the last token
         self._keys = []
         proposal = self.ngram.proposal(min(max_tokens, self.policy.draft_max))
@@ -33,9 +35,20 @@ class AutoDrafter:
         if plan.source == "ngram":
             self._keys = list(plan.ngram_keys)
             return Draft(proposal.tokens[: len(self._keys)], None, "ngram", proposal.span)
+        if proposal is not None:
+            self._declined = (len(history), proposal.tokens, self.policy.ngram_keys(proposal, len(proposal.tokens)))
         if plan.source == "draft":
             return self._propose_from_model(history, min(max_tokens, plan.draft_tokens), params, rng)
         return None
+
+    def _learn_from_declined(self, history) -> None:
+        """An n-gram proposal that was not drafted is scored against what the step committed instead:
+        free evidence of whether the text is being copied, before any draft risks a pass on it."""
+        if self._declined is None:
+            return
+        start, tokens, keys = self._declined
+        self._declined = None
+        self.policy.observe_declined(keys, tokens, history[start:])
 
     def _propose_from_model(self, history, max_tokens, params, rng) -> Draft | None:
         acceptance: list[float] = []
@@ -99,6 +112,7 @@ class AutoDrafter:
             self.model.commit(history)
 
     def start(self, prompt) -> None:
+        self._declined = None
         self.commit(prompt)
         self.policy.begin(len(prompt))
 

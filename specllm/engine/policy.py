@@ -3,21 +3,24 @@ model, or not at all, and how much.
 
 One rule for both sources: a step is worth  E[tokens committed] - R * E[seconds]  where R is the
 running throughput (tokens per second). The n-gram proposal's best prefix is drafted when it is
-worth more than plain decoding (it costs no drafting time, and only drafting it shows whether the
-text is being copied); else the draft model when it is worth more than plain decoding. Seconds
+worth more than plain decoding by a margin (it costs no drafting time, and only drafting it shows
+whether the text is being copied); else the draft model when it is, by the same margin. Seconds
 come from the measured cost curve (`CostModel`: a target pass over k tokens at this context, a
 draft-model step, the draft model reading committed tokens). Acceptance is learned during the
 generation (`Beta` estimates with the priors of `priors.py`):
   - an n-gram proposal's first token by the kind of match (an n-gram seen once before, or several
     times always followed by the same token, or by different ones, or a copy of this generation's
     own output), how far the context agrees with it, and whether the previous draft was fully
-    accepted; each further token by the depth into the copy;
-  - the draft model's tokens by one acceptance rate for the decision to consult it, and by its
+    accepted; each further token by the depth into the copy. A proposal not drafted is scored
+    against what the step committed instead, so a copy shows itself before any draft risks a pass;
+  - the draft model's tokens by one acceptance rate for the decision to consult it (optimistic,
+    mean plus one deviation, while its losses stay within the exploration budget), and by its
     confidence (top probability) for how far to draft once consulted.
 The draft model must read every committed token it has not seen before it drafts: the whole prompt
 before its first use, then whatever n-gram and plain steps committed since. The first use is an
-investment, made only when what the draft model is expected to win over the tokens left exceeds it
-(or when it is cheaper than the exploration budget); from then on every token committed without it
+investment, made only when what the draft model is expected to win over the tokens likely left (as
+many as the generation has run so far) exceeds it, or when it is cheaper than the exploration
+budget; from then on every token committed without it
 costs what reading it will cost, and the draft model is retired for the generation when it cannot
 win back what it would still need, or when what it lost exceeds the budget.
 """
@@ -49,6 +52,12 @@ class Beta:
     @property
     def mean(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
+
+    @property
+    def optimistic(self) -> float:
+        """The mean plus one standard deviation: what it may well be, given how little has been seen."""
+        n = self.accepted + self.rejected
+        return min(self.mean + (self.accepted * self.rejected / (n * n * (n + 1))) ** 0.5, 1.0)
 
     def observe(self, accepted: int, rejected: bool) -> None:
         self.accepted += accepted
@@ -90,7 +99,6 @@ class CostAwarePolicy:
         self.budget: float | None = 0.0  # seconds the draft model may lose in this generation (None: set at its first step)
         self.model_net = 0.0  # seconds the draft model has saved (negative: lost) against plain decoding
         self.entry_seconds = 0.0  # what its first catch-up cost beyond one step: the investment
-        self.waited = 0.0  # seconds of this generation's steps before the draft model's first use
 
     # -- what the drafter tells the policy --------------------------------------------------
 
@@ -100,7 +108,7 @@ class CostAwarePolicy:
         self.model_state = COLD if self.has_draft_model else RETIRED
         self.committed = self.ngram_committed = 0
         self.budget = None
-        self.model_net = self.entry_seconds = self.waited = 0.0
+        self.model_net = self.entry_seconds = 0.0
 
     def at_step(self, context: int, tokens_left: int) -> None:
         """This step's target context (tokens in its KV cache) and how many tokens may still come
@@ -128,9 +136,9 @@ class CostAwarePolicy:
         ngram = committed - rate * (self.cost(len(keys) + 1) + owed * committed) if keys else plain
         # The n-gram cache goes first whenever its draft is worth verifying: it costs no drafting
         # time, and only drafting it keeps showing whether the text is being copied.
-        if keys and ngram > plain:
+        if keys and ngram > plain + priors.MARGIN:
             return Plan("ngram", tuple(keys))
-        if keep_model and best_k and best_model > plain:
+        if keep_model and best_k and best_model > plain + priors.MARGIN:
             return Plan("draft", draft_tokens=min(self.draft_max, self.tokens_left - 1))
         return Plan(None)
 
@@ -146,7 +154,7 @@ class CostAwarePolicy:
             return False
         owed = self.costs.catch_up(pending) - self.costs.draft_seconds  # beyond the one step any use costs
         gain_per_token = self.model_gain_per_token(best_k)
-        gain = gain_per_token * self.tokens_left * self._model_share()
+        gain = gain_per_token * self.expected_tokens_left() * self._model_share()
         if self.model_state == COLD:
             if owed + self.costs.draft_seconds <= self.budget:
                 return True  # cheaper to find out than the exploration budget
@@ -155,14 +163,21 @@ class CostAwarePolicy:
                 # grows: it cannot become worth consulting in this generation.
                 self.model_state = RETIRED
                 return False
-            # Worth reading the prompt for, and (as in ski rental) only once the generation has spent
-            # as long without the draft model as reading would cost: the n-gram cache has had its
-            # chance to show a copy by then, and a wrong entry costs at most twice the right choice.
-            return gain > owed and self.waited >= owed
+            # Worth reading the prompt for once what it is expected to win over the tokens likely
+            # left exceeds the reading: a long prompt waits until the generation shows it is long
+            # (a short answer would never pay the reading back), and the n-gram cache has had its
+            # chance to show a copy by then.
+            return gain > owed
         if self.model_net + self.entry_seconds < -self.budget or gain < owed:
             self.model_state = RETIRED  # it lost its budget, or cannot win back what it would still need
             return False
         return True
+
+    def expected_tokens_left(self) -> float:
+        """How many more tokens this generation is likely to run: as many as it has run so far (a
+        generation that has run t tokens is about as likely as not to run t more; a RAG answer stops
+        after 20, a code edit runs to the limit), at most the tokens asked for."""
+        return min(self.tokens_left, self.committed)
 
     def _model_share(self) -> float:
         """The expected share of the tokens left that the draft model would draft: the share of this
@@ -176,13 +191,21 @@ class CostAwarePolicy:
             k, _ = self._best_model_length()
         if not k:
             return 0.0
-        alpha = self.draft_acceptance.mean
+        alpha = self._model_acceptance()
         committed = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1.0
         return self.cost(1) - (k * self.costs.draft_seconds + self.cost(k + 1)) / committed
 
+    def _model_acceptance(self) -> float:
+        """The draft model's acceptance to decide by: once it is in use, optimistic while its losses
+        stay within the exploration budget (a few unlucky first tokens must not end a source that
+        pays, and the budget bounds what optimism may cost), else the learned mean."""
+        if self.model_state == ACTIVE and self.model_net + self.entry_seconds >= -(self.budget or 0.0):
+            return self.draft_acceptance.optimistic
+        return self.draft_acceptance.mean
+
     def _best_model_length(self) -> tuple[int, float]:
         """The draft length of highest worth at the learned acceptance (0 when none beats plain), and its worth."""
-        alpha, rate = self.draft_acceptance.mean, self.target_rate()
+        alpha, rate = self._model_acceptance(), self.target_rate()
         best_k, best = 0, 1.0 - rate * self.cost(1)
         survive, committed = 1.0, 1.0
         for k in range(1, max(min(self.draft_max, self.tokens_left - 1), 0) + 1):
@@ -306,8 +329,6 @@ class CostAwarePolicy:
             estimate.observe(i < accepted, i == accepted and accepted < drafted)
         committed = accepted + 1
         self.committed += committed
-        if self.model_state == COLD:
-            self.waited += seconds
         if drafted:
             self.last_full = accepted == drafted
         if source == "ngram" and drafted:
@@ -322,6 +343,14 @@ class CostAwarePolicy:
             own = drafted if model_drafted is None else model_drafted
             self.draft_acceptance.observe(min(accepted, own), accepted < own)
             self.model_net += committed * self.cost(1) - seconds
+
+    def observe_declined(self, keys: list[Beta], proposed: list[int], committed: list[int]) -> None:
+        """An n-gram proposal (estimates `keys`) was not drafted and the step committed `committed`:
+        its tokens are scored as far as the committed text goes, as if they had been drafted."""
+        seen = min(len(committed), len(keys))
+        right = next((i for i in range(seen) if proposed[i] != committed[i]), seen)
+        for i, estimate in enumerate(keys[: min(right + 1, seen)]):
+            estimate.observe(i < right, i == right)
 
     def observe_model_use(self, caught_up: int) -> None:
         """The draft model was consulted, after reading `caught_up` committed tokens."""
