@@ -16,6 +16,7 @@ Tiers. Real models come from `specllm.models.store.resolve_model` (the user's ve
 downloading on first use). A failed fetch is an error in the test, never a skip: a real-model test
 that silently skips is a gap, not a pass. Every test that uses a real-model fixture is marked `real`
 here, so `-m "not real"` (the fast tier) never downloads; tiny models carry a generated tokenizer.
+The default pair is loaded once per session (`qwen_engine`), shared by the tests that only read it.
 """
 
 from __future__ import annotations
@@ -30,13 +31,17 @@ from pathlib import Path
 
 import pytest
 
+from specllm.backend import LoadOptions
+from specllm.engine.costmodel import CostModel
 from specllm.models import catalog
 from specllm.models.store import resolve_model
+from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.cli_helpers import ROOT
-from tests.tiny_gguf import write_tiny_gguf
+from tests.tiny_gguf import TINY_VOCAB, write_tiny_gguf
 
 DRAFT_NOISE = 0.1  # the tiny draft's weights: the target's plus this much noise (partial agreement)
-REAL_MODEL_FIXTURES = {"smollm2_path", "qwen_pair"}
+REAL_MODEL_FIXTURES = {"smollm2_path", "qwen_pair", "qwen_engine"}
+COMPACT_VOCAB = 4096  # the generated tokenizer's control tokens, bytes and merges (under 900), then fillers
 
 # The user's own locations, read before any test moves them: models are fetched into (and shared
 # from) this cache; nothing else may land in it or in the config folder.
@@ -212,6 +217,25 @@ def qwen_pair() -> tuple[Path, Path]:
     return _fetch("qwen2.5-coder-1.5b"), _fetch("qwen2.5-coder-0.5b")
 
 
+# What one pass of the default pair's target costs by batch size on a 2-core CPU (specllm's own
+# calibration, AVX-512, 2 threads; tests/data holds the whole curve), for `--spec auto` in tests:
+# which drafts auto tries depends on the curve, whether its output is plain decoding's must not, and
+# measuring the curve takes 50 s on 2 cores (timings belong in the benchmark, not in tests).
+DEFAULT_PAIR_COSTS = CostModel({1: 0.0311, 2: 0.0569, 4: 0.0919, 8: 0.1745, 16: 0.1782, 32: 0.3286},
+                               draft_seconds=0.0184, depth=256, context_seconds=4.95e-06, draft_token_seconds=0.0060)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def qwen_engine(qwen_pair):
+    """The default pair loaded once for the session (1024 tokens of context, 2 threads), for tests
+    that take fresh decoders from it; `auto` runs on DEFAULT_PAIR_COSTS instead of calibrating."""
+    options = LoadOptions(n_ctx=1024, n_threads=2)
+    engine = Engine(ModelPaths(*qwen_pair), SpecConfig(strategy="ngram+draft"), options, options, cost_cache=None)
+    engine.costs = lambda max_batch=None: DEFAULT_PAIR_COSTS.copy()
+    yield engine
+    engine.close()
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("tiny-gguf")
@@ -222,4 +246,17 @@ def tiny_pair(tiny_dir) -> tuple[Path, Path]:
     """(target, draft): tiny random models sharing the generated tokenizer; the draft mostly agrees."""
     target = write_tiny_gguf(tiny_dir / "tiny-target.gguf", 0)
     draft = write_tiny_gguf(tiny_dir / "tiny-draft.gguf", 1, base_seed=0, noise=DRAFT_NOISE)
+    return target, draft
+
+
+@pytest.fixture(scope="session")
+def compact_pair(tiny_dir) -> tuple[Path, Path]:
+    """tiny_pair's kind with COMPACT_VOCAB tokens (every text tokenizes as with tiny_pair): for long
+    generations and statistical tests, where the output layer (vocabulary x 64 floats read at every
+    step) is most of a tiny model's time and 49152 tokens make each step four times slower."""
+    cut = {"drop_last_tokens": TINY_VOCAB - COMPACT_VOCAB}
+    # Seed 2: after `S y S` (test_lossless_real.py's prompt) the n-gram proposal y keeps a middling
+    # probability, so verification both accepts and rejects it (with seed 0, top-k 3 excludes it).
+    target = write_tiny_gguf(tiny_dir / "compact-target.gguf", 2, **cut)
+    draft = write_tiny_gguf(tiny_dir / "compact-draft.gguf", 1, base_seed=2, noise=DRAFT_NOISE, **cut)
     return target, draft

@@ -37,7 +37,8 @@ class LocalHub:
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="local-hub", daemon=True)
+        # shutdown() waits for the loop's next poll: at the default 0.5 s that was half a second per test
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), name="local-hub", daemon=True)
         self.thread.start()
 
     @property

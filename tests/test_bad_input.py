@@ -1,9 +1,15 @@
-"""Bad input, as a user types it: real `specllm` processes, their exit codes, stdout and stderr.
+"""Bad input, as a user types it: `specllm` commands, their exit codes, stdout and stderr.
 
 Every failure must be one `Error: ...` line on stderr naming the file or flag and the problem,
 exit code 2 for usage and 1 for the rest, no traceback, nothing on stdout and nothing
-half-written in the cache. Models are tiny GGUFs (a generated tokenizer, random weights), so a
-whole run takes about a second. `home` (conftest.py) is each run's environment: an empty cache.
+half-written in the cache. Models are tiny GGUFs (a generated tokenizer, random weights).
+`home` (conftest.py) is each run's environment: an empty cache.
+
+Most commands run through the entry point in this process (`specllm_here`, a tenth of a second);
+a real process (`specllm`, about a second) where only a process can show it: a file unreadable
+to a root without its capabilities, llama.cpp loading a model it refuses (its own output on the
+process's stderr), stdin bytes as the interpreter decodes them, `python -m specllm` with no
+arguments or with a usage error, a tiny context that once made llama.cpp abort, a sitecustomize hook.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import pytest
 from specllm.backend import LoadOptions
 from specllm.engine.sampling import SamplingParams
 from specllm.session import Engine, ModelPaths, SpecConfig
-from tests.cli_helpers import assert_one_error, cache_leftovers, specllm
+from tests.cli_helpers import assert_one_error, cache_leftovers, specllm, specllm_here
 from tests.tiny_gguf import truncate_in_header, truncate_in_tensor_data, write_tiny_gguf, write_unknown_architecture
 
 
@@ -59,6 +65,7 @@ FILE_PROBLEMS = {
     "truncated data": "truncated GGUF: the tensor data needs 1000 more bytes than the file has",
     "unknown architecture": "llama.cpp could not load it (unsupported architecture or damaged file)",
 }
+IN_A_PROCESS = {"unreadable", "unknown architecture"}  # dropped capabilities; llama.cpp's own refusal
 
 
 def _unreadable_prefix() -> tuple:
@@ -79,19 +86,19 @@ def test_broken_model_file_is_one_line_naming_the_file(home, broken, tiny_pair, 
         args = ["run", "-m", path, "-p", "hi", "--spec", "off"]
     else:
         args = ["run", "-m", tiny_pair[0], "--draft", path, "--spec", "draft", "-p", "hi"]
-    done = specllm(home, *args, prefix=prefix)
+    done = specllm(home, *args, prefix=prefix) if kind in IN_A_PROCESS else specllm_here(home, *args)
     assert_one_error(done, 1, str(path) if kind == "missing" else path.name, FILE_PROBLEMS[kind])
     assert cache_leftovers(home) == []
 
 
 def test_draft_of_another_tokenizer_family_is_refused(home, smollm2_path, qwen_pair):
     qwen_draft = qwen_pair[1]
-    done = specllm(home, "run", "-m", smollm2_path, "--draft", qwen_draft, "--spec", "draft", "-p", "hi")
+    done = specllm_here(home, "run", "-m", smollm2_path, "--draft", qwen_draft, "--spec", "draft", "-p", "hi")
     assert_one_error(done, 1, f"draft {qwen_draft.name} does not share the tokenizer of target {smollm2_path.name}")
 
 
 def test_draft_with_a_different_vocabulary_size_is_refused(home, broken, tiny_pair):
-    done = specllm(home, "run", "-m", tiny_pair[0], "--draft", broken["smaller vocabulary"], "--spec", "ngram+draft", "-p", "hi")
+    done = specllm_here(home, "run", "-m", tiny_pair[0], "--draft", broken["smaller vocabulary"], "--spec", "ngram+draft", "-p", "hi")
     assert_one_error(done, 1, "small-vocab.gguf does not share the tokenizer", "vocabulary sizes differ (49152 vs 48152)")
 
 
@@ -114,7 +121,7 @@ def test_bad_models_toml_is_one_line_naming_the_file(home, kind, command):
     path = Path(home["XDG_CONFIG_HOME"]) / "specllm" / "models.toml"
     path.parent.mkdir(parents=True)
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
-    done = specllm(home, *command)
+    done = specllm_here(home, *command)
     assert_one_error(done, 1, f"{path}: ", problem)
 
 
@@ -125,14 +132,14 @@ def test_preset_whose_model_cannot_be_fetched_says_where_to_put_it(home):
         '[[model]]\nname = "mine"\nfile = "mine.gguf"\nsize = 1000\nsha256 = "' + "ab" * 32 + '"\n'
         '[[preset]]\nname = "p"\ntarget = "mine"\n'
     )
-    done = specllm(home, "run", "-m", "p", "-p", "hi")
+    done = specllm_here(home, "run", "-m", "p", "-p", "hi")
     cached = Path(home["SPECLLM_CACHE"]) / "models" / "mine.gguf"
     assert_one_error(done, 1, "could not download mine: no sources configured", f"place the file at {cached}")
     assert cache_leftovers(home) == []
 
 
 def test_unknown_model_name_lists_the_known_ones(home):
-    assert_one_error(specllm(home, "run", "-m", "no-such-model", "-p", "hi"), 1, "unknown model 'no-such-model'", "known presets: ")
+    assert_one_error(specllm_here(home, "run", "-m", "no-such-model", "-p", "hi"), 1, "unknown model 'no-such-model'", "known presets: ")
 
 
 # -- prompts -----------------------------------------------------------------------------------------
@@ -150,7 +157,8 @@ def test_unknown_model_name_lists_the_known_ones(home):
     ids=["empty", "whitespace", "whitespace on stdin", "empty stdin", "invalid UTF-8 on stdin"],
 )
 def test_empty_or_undecodable_prompt(home, tiny_pair, args, stdin, code, problem):
-    done = specllm(home, "run", "-m", tiny_pair[0], *args, stdin=stdin)
+    run = specllm if b"\xff" in stdin else specllm_here  # bytes a real interpreter's stdin refuses
+    done = run(home, "run", "-m", tiny_pair[0], *args, stdin=stdin)
     assert_one_error(done, code, problem)
 
 
@@ -178,18 +186,18 @@ def test_prompt_longer_than_the_context_gives_the_numbers(home, tiny_pair):
     engine = Engine(ModelPaths(tiny_pair[0]), SpecConfig("off"), LoadOptions(n_ctx=256), LoadOptions())
     n_tokens = len(engine.encode(text.strip("\n")))
     engine.close()
-    done = specllm(home, "run", "-m", tiny_pair[0], "-c", "256", "--spec", "off", stdin=text.encode())
+    done = specllm_here(home, "run", "-m", tiny_pair[0], "-c", "256", "--spec", "off", stdin=text.encode())
     assert_one_error(done, 1, f"the prompt has {n_tokens} tokens but the context holds 256", "raise --ctx-size")
 
 
 def test_context_filling_during_generation_keeps_the_text_and_says_why(home, tiny_pair):
     flags = ["run", "-m", tiny_pair[0], "-c", "256", "-n", "5000", "--temp", "0", "--spec", "off", "-p", "hello"]
-    as_json = specllm(home, *flags, "--json")
+    as_json = specllm_here(home, *flags, "--json")
     assert as_json.returncode == 0, as_json.stderr
     result = json.loads(as_json.stdout)
     assert result["finish_reason"] == "context"
     assert result["stats"]["prompt_tokens"] + len(result["tokens"]) == 256 + 1  # the KV cache holds all but the last
-    as_text = specllm(home, *flags)
+    as_text = specllm_here(home, *flags)
     assert as_text.returncode == 0 and as_text.stdout == result["text"] + "\n"
     warning = f"warning: stopped after {len(result['tokens'])} tokens: the context of 256 tokens is full (raise --ctx-size)"
     assert as_text.stderr.strip() == warning == as_json.stderr.strip()
@@ -247,7 +255,8 @@ BAD_FLAGS = [
 
 @pytest.mark.parametrize("flags, problem", BAD_FLAGS, ids=[" ".join(f) for f, _ in BAD_FLAGS])
 def test_out_of_bounds_flags_are_usage_errors(home, tiny_pair, flags, problem):
-    done = specllm(home, "run", "-m", tiny_pair[0], "-p", "hi", *flags)
+    run = specllm if flags == ["--no-such-flag"] else specllm_here  # click's own refusal, from `python -m specllm`
+    done = run(home, "run", "-m", tiny_pair[0], "-p", "hi", *flags)
     assert_one_error(done, 2, problem)
 
 
@@ -264,7 +273,7 @@ def test_out_of_bounds_flags_are_usage_errors(home, tiny_pair, flags, problem):
     ids=["chat top-p", "bench repeats", "bench strategies", "bench json folder", "missing value", "unknown command"],
 )
 def test_other_usage_errors(home, args, problem):
-    assert_one_error(specllm(home, *args), 2, problem)
+    assert_one_error(specllm_here(home, *args), 2, problem)
 
 
 def test_no_arguments_shows_the_help(home):
@@ -277,16 +286,17 @@ def test_flags_at_their_bounds_work(home, tiny_pair):
     target, draft = tiny_pair
     at_bounds = ["--draft-max", "256", "--top-p", "1", "--top-k", "0", "--min-p", "0", "--threads", "1", "-n", "1",
                  "--seed", "0", "--draft-p-min", "1", "--ngram-min", "1", "--ngram-max", "32"]  # fmt: skip
-    done = specllm(home, "run", "-m", target, "--draft", draft, "--spec", "ngram+draft", "-p", "hi", "--json", *at_bounds)
+    done = specllm_here(home, "run", "-m", target, "--draft", draft, "--spec", "ngram+draft", "-p", "hi", "--json", *at_bounds)
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)["tokens"]) == 1
-    # --ctx-size 8 (llama.cpp pads the context but cuts its batch to 8: a longer prompt used to abort)
+    # --ctx-size 8 (llama.cpp pads the context but cuts its batch to 8: a longer prompt used to abort,
+    # which would take the test process with it: a real process)
     done = specllm(home, "run", "-m", target, "--draft", draft, "-c", "8", "--draft-p-min", "0", "--top-p", "0.01",
                    "-n", "30", "-p", "a prompt of more than eight tokens, surely", "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)["tokens"]) == 30
     # --threads 512 passes the flags (running 512 threads here would only slow the machine down)
-    assert_one_error(specllm(home, "run", "--threads", "512", "-m", "missing.gguf", "-p", "hi"), 1, "model file not found")
+    assert_one_error(specllm_here(home, "run", "--threads", "512", "-m", "missing.gguf", "-p", "hi"), 1, "model file not found")
 
 
 def test_tiny_temperature_is_greedy(home, tiny_pair):
@@ -294,7 +304,7 @@ def test_tiny_temperature_is_greedy(home, tiny_pair):
     outputs = {}
     for temp in ("0", "1e-9"):
         for spec in ("off", "ngram+draft"):
-            done = specllm(home, "run", "-m", target, "--draft", draft, "--spec", spec, "--temp", temp,
+            done = specllm_here(home, "run", "-m", target, "--draft", draft, "--spec", spec, "--temp", temp,
                            "--seed", "3", "-n", "40", "-p", "def add(a, b):", "--json")  # fmt: skip
             assert done.returncode == 0, done.stderr
             outputs[temp, spec] = json.loads(done.stdout)["tokens"]

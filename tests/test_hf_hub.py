@@ -19,6 +19,7 @@ import pytest
 from specllm.errors import SpecllmError
 from specllm.models import hfnames, hub, store
 from specllm.models.hfnames import HfName, RemoteFile
+from tests.cli_helpers import specllm_here
 from tests.hubserver import LocalHub
 from tests.tiny_gguf import write_tiny_gguf
 
@@ -88,8 +89,15 @@ def cache_files(home: Path) -> list[str]:
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`specllm ARGS` through its entry point in this process (specllm reads HF_ENDPOINT and the
+    Hugging Face folders from the environment on each call, so the test's settings hold)."""
+    return specllm_here(env or dict(os.environ), *args, timeout=120)
+
+
+def cli_process(*args: str) -> subprocess.CompletedProcess:
+    """`python -m specllm ARGS` in a real process: the local hub reached from a process of its own."""
     return subprocess.run([sys.executable, "-m", "specllm", *args], capture_output=True, text=True, timeout=120,
-                          env=env or dict(os.environ), stdin=subprocess.DEVNULL)  # fmt: skip
+                          env=dict(os.environ), stdin=subprocess.DEVNULL)  # fmt: skip
 
 
 # ---------------------------------------------------------------- names (no server)
@@ -130,7 +138,7 @@ def test_a_name_resolves_downloads_verifies_and_is_then_cached(home, local_hub, 
 
 
 def test_pull_of_a_name_through_the_cli(home, local_hub, tiny):
-    done = cli("pull", f"hf:{REPO}:Q8_0")
+    done = cli_process("pull", f"hf:{REPO}:Q8_0")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "" and done.stderr.startswith(f"hf:{REPO}:Q8_0: ") and " ok  " in done.stderr
     assert (home / "cache/models/hf/org/Tiny-GGUF/tiny-Q8_0.gguf").read_bytes() == tiny["draft"].read_bytes()

@@ -1,6 +1,7 @@
 """Lossless speculative decoding through llama.cpp.
 
-(a) Temperature > 0 on a tiny GGUF pair: the sequences the speculative loop generates follow
+(a) Temperature > 0 on a tiny GGUF pair (conftest.py's `compact_pair`: a vocabulary of 4096, so
+    that thousands of samples take seconds): the sequences the speculative loop generates follow
     the target's exactly computed distribution (chi-square), for n-gram (one-hot q), draft
     model (partly agreeing q) and chained drafts.
 (b) Temperature 0 on the default preset (Qwen2.5-Coder 1.5B / 0.5B): every strategy gives the
@@ -34,9 +35,9 @@ TINY = LoadOptions(n_ctx=256, n_threads=1, n_gpu_layers=0)
 
 
 @pytest.fixture(scope="module")
-def tiny_models(tiny_pair):
-    target, draft = (LlamaBackend(path, TINY) for path in tiny_pair)
-    truth = LlamaBackend(tiny_pair[0], TINY)  # a separate copy computes the exact distribution
+def tiny_models(compact_pair):
+    target, draft = (LlamaBackend(path, TINY) for path in compact_pair)
+    truth = LlamaBackend(compact_pair[0], TINY)  # a separate copy computes the exact distribution
     yield target, draft, truth
     for model in (target, draft, truth):
         model.close()
@@ -141,15 +142,6 @@ PROMPTS = {
     "free-reverse": "Write a Python function that reverses a string.",
     "free-history": "In three sentences, why did the Roman Empire split into east and west?",
 }
-
-
-@pytest.fixture(scope="module")
-def qwen_engine(qwen_pair):
-    target, draft = qwen_pair
-    options = LoadOptions(n_ctx=1024, n_threads=2)
-    engine = Engine(ModelPaths(target, draft), SpecConfig(strategy="ngram+draft"), options, options)
-    yield engine
-    engine.close()
 
 
 def _plain(target: LlamaBackend, prompt: list[int], max_tokens: int) -> tuple[list[int], dict[int, np.ndarray]]:

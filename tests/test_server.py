@@ -440,20 +440,17 @@ def test_a_port_in_use_is_one_error_line(tiny_pair):
 
 
 @pytest.mark.real
-def test_streamed_chat_on_the_default_pair_equals_specllm_run(qwen_pair):
+def test_streamed_chat_on_the_default_pair_equals_specllm_run(qwen_pair, qwen_engine):
+    """`specllm run` in a real process (the CLI end to end on the default pair) and the server on the
+    session's engine (conftest.py: the same pair, context and threads) give the same text."""
     prompt = "Write a Python function that returns the n-th Fibonacci number."
     flags = ["--spec", "ngram+draft", "-c", "1024", "-t", "2", "--temp", "0"]
     target, draft = qwen_pair
     run = subprocess.run([sys.executable, "-m", "specllm", "run", "-m", str(target), "--draft", str(draft), *flags,
-                          "-n", "48", "-p", prompt, "--json"], capture_output=True, text=True, timeout=600)  # fmt: skip
+                          "-n", "32", "-p", prompt, "--json"], capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr
-    options = LoadOptions(n_ctx=1024, n_threads=2)
-    engine = Engine(ModelPaths(target, draft), SpecConfig("ngram+draft"), options, options)
-    try:
-        with running(Service(engine, "qwen")) as url:
-            stream = client(url).chat.completions.create(model="qwen", messages=[{"role": "user", "content": prompt}],
-                                                         max_tokens=48, temperature=0, stream=True)  # fmt: skip
-            text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    finally:
-        engine.close()
+    with running(Service(qwen_engine, "qwen")) as url:
+        stream = client(url).chat.completions.create(model="qwen", messages=[{"role": "user", "content": prompt}],
+                                                     max_tokens=32, temperature=0, stream=True)  # fmt: skip
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text == json.loads(run.stdout)["text"]
