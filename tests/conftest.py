@@ -6,7 +6,7 @@ for each test: the cache (`SPECLLM_CACHE`: costs.json, downloads), the config (`
 models are the one thing shared: the test's cache holds links to them (plus copies of their
 `.verified` sidecars, so nothing is hashed again), and a link is replaced, never written through.
 After the session, `pytest_sessionfinish` fails the run if the user's cache or config folders gained
-or changed a file other than a verified model download.
+or changed a file other than a verified model download (tests/user_files.py records them at startup).
 
 Calibration results (costs.json) are measured once per session per model set and configuration: a
 test starts with a copy of what earlier tests of this session measured, in its own folder, and what
@@ -26,34 +26,25 @@ import os
 import shutil
 import signal
 import threading
-from importlib import resources
 from pathlib import Path
 
 import pytest
 
 from specllm.backend import LoadOptions
 from specllm.engine.costmodel import CostModel
-from specllm.models import catalog
 from specllm.models.store import resolve_model
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.cli_helpers import ROOT
 from tests.tiny_gguf import TINY_VOCAB, write_tiny_gguf
+from tests.user_files import USER_CACHE, USER_ENV, builtin_registry, user_files, user_files_changed
 
 DRAFT_NOISE = 0.1  # the tiny draft's weights: the target's plus this much noise (partial agreement)
 REAL_MODEL_FIXTURES = {"smollm2_path", "qwen_pair", "qwen_engine"}
 COMPACT_VOCAB = 4096  # the generated tokenizer's control tokens, bytes and merges (under 900), then fillers
 
-# The user's own locations, read before any test moves them: models are fetched into (and shared
-# from) this cache; nothing else may land in it or in the config folder.
-USER_ENV = dict(os.environ)
-USER_CACHE = catalog.cache_dir()
-USER_CONFIG = catalog.user_config_path().parent
-USER_XDG = [Path(os.environ.get(var) or Path.home() / sub) for var, sub in (("XDG_CACHE_HOME", ".cache"), ("XDG_CONFIG_HOME", ".config"))]
-
-
 def pytest_configure(config):
     config.addinivalue_line("markers", "real: uses real GGUF models fetched into the cache (slow)")
-    config._specllm_user_files = _user_files()
+    config._specllm_user_files = user_files()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -145,33 +136,6 @@ def _keep_new_costs(cache: Path, session: Path) -> None:
         session.write_text(json.dumps(known | new), "utf-8")
 
 
-def _user_files() -> dict[str, tuple[int, int]]:
-    """(size, mtime) of every file under the user's specllm cache and config folders but the model
-    downloads, plus the names directly inside the user's cache and config folders."""
-    files = {}
-    for root in (USER_CACHE, USER_CONFIG):
-        for path in root.rglob("*") if root.is_dir() else ():
-            if path.is_file() and not _is_model_download(path):
-                stat = path.stat()
-                files[str(path)] = (stat.st_size, stat.st_mtime_ns)
-    for root in USER_XDG:
-        for path in root.iterdir() if root.is_dir() else ():
-            files.setdefault(str(path), (0, 0))
-    return files
-
-
-def _is_model_download(path: Path) -> bool:
-    if path.parent != USER_CACHE / "models":
-        return False
-    model = path.with_name(path.name[: -len(".verified")]) if path.name.endswith(".verified") else path
-    return Path(str(model) + ".verified").is_file()
-
-
-def user_files_changed(before: dict[str, tuple[int, int]]) -> list[str]:
-    after = _user_files()
-    return sorted(path for path, stamp in after.items() if path not in before or (stamp != (0, 0) and before[path] != stamp))
-
-
 def pytest_sessionfinish(session, exitstatus):
     before = getattr(session.config, "_specllm_user_files", None)
     if before is None:
@@ -197,13 +161,7 @@ def _fetch(name: str) -> Path:
             patch.setenv(key, value)
         patch.delenv("SPECLLM_CONFIG", raising=False)
         patch.setenv("SPECLLM_CACHE", str(USER_CACHE))
-        return resolve_model(name, _builtin_registry())
-
-
-def _builtin_registry() -> catalog.Registry:
-    """The shipped models.toml alone: a user's overrides do not change what the tests load."""
-    text = resources.files("specllm.models").joinpath("models.toml").read_text("utf-8")
-    return catalog.parse_registry(text, catalog.BUILTIN)
+        return resolve_model(name, builtin_registry())
 
 
 @pytest.fixture(scope="session")

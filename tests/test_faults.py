@@ -29,7 +29,7 @@ from specllm.cli.interrupt import Terminated
 from specllm.errors import SpecllmError
 from specllm.models import hub
 from specllm.models.catalog import Mirror
-from tests.cli_helpers import ROOT, assert_one_error, cache_leftovers, specllm, specllm_here
+from tests.cli_helpers import ROOT, assert_one_error, cache_leftovers, specllm_here
 from tests.wheels import DATA, build_wheel, chunked_wheels, entry_for, leftovers
 
 
@@ -244,7 +244,7 @@ def wait_for_model(process: subprocess.Popen, model: Path, timeout: float = 120)
 
 @pytest.mark.parametrize("sig, code, said", [(signal.SIGINT, 130, "Interrupted."), (signal.SIGTERM, 143, "Terminated.")], ids=["sigint", "sigterm"])
 def test_signal_during_run_keeps_the_text(home, tiny_pair, sig, code, said):
-    reference = specllm(home, "run", "-m", tiny_pair[0], *LONG_RUN[:4], "-n", "300", *LONG_RUN[6:], "--json")
+    reference = specllm_here(home, "run", "-m", tiny_pair[0], *LONG_RUN[:4], "-n", "300", *LONG_RUN[6:], "--json")
     full_text = json.loads(reference.stdout)["text"]
     process = popen(home, "run", "-m", tiny_pair[0], *LONG_RUN, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     first = wait_for_output(process)

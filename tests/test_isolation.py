@@ -12,12 +12,12 @@ import subprocess
 import sys
 
 from specllm.models import catalog
-from tests import conftest
 from tests.cli_helpers import ROOT
+from tests.user_files import USER_CACHE, builtin_registry, user_files, user_files_changed
 
 
 def test_every_location_specllm_writes_is_temporary(isolated_home):
-    assert catalog.cache_dir() == isolated_home / "cache" != conftest.USER_CACHE
+    assert catalog.cache_dir() == isolated_home / "cache" != USER_CACHE
     assert catalog.user_config_path().is_relative_to(isolated_home)
     for var in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "HF_HOME"):
         assert os.environ[var].startswith(str(isolated_home)), var
@@ -25,7 +25,7 @@ def test_every_location_specllm_writes_is_temporary(isolated_home):
 
 
 def test_calibrating_run_writes_costs_only_into_the_test_cache(isolated_home, tiny_pair):
-    before = conftest._user_files()
+    before = user_files()
     costs = isolated_home / "cache" / "costs.json"
     costs.unlink(missing_ok=True)  # nothing measured yet: this run must calibrate
     args = ["run", "-m", tiny_pair[0], "--draft", tiny_pair[1], "--spec", "auto", "-t", "1", "-n", "4", "-p", "hi"]
@@ -34,7 +34,7 @@ def test_calibrating_run_writes_costs_only_into_the_test_cache(isolated_home, ti
     assert done.returncode == 0, done.stderr
     measured = json.loads(costs.read_text("utf-8"))
     assert [key for key in measured if key.startswith(f"{tiny_pair[0].name}:")], measured.keys()
-    assert conftest.user_files_changed(before) == []
+    assert user_files_changed(before) == []
 
 
 def test_user_models_are_linked_read_only_and_stay_verified(isolated_home):
@@ -42,6 +42,6 @@ def test_user_models_are_linked_read_only_and_stay_verified(isolated_home):
     from specllm.models import hub
 
     for link in (isolated_home / "cache" / "models").glob("*.gguf"):
-        assert link.is_symlink() and link.resolve().parent == (conftest.USER_CACHE / "models").resolve()
-        entry = next(e for e in conftest._builtin_registry().models.values() if e.file == link.name)
+        assert link.is_symlink() and link.resolve().parent == (USER_CACHE / "models").resolve()
+        entry = next(e for e in builtin_registry().models.values() if e.file == link.name)
         assert hub.cache_state(entry, link) == "verified"  # no rehash of a gigabyte per test

@@ -119,8 +119,12 @@ GREEDY = SamplingParams(temperature=0.0)
 MAX_TOKENS = 48
 
 
-# Two code-edit rows of ../shared/workloads/dev.jsonl (question_id 9005 and 9010), copied so that
-# the test does not depend on a file outside the repository, and two free-form prompts.
+# A code-edit row of ../shared/workloads/dev.jsonl (question_id 9005), copied so that the test does
+# not depend on a file outside the repository: the reply copies the prompt, so the n-gram cache
+# drafts long runs; and a free-form question, where the draft model does the drafting. Every
+# strategy on both: ten generations of the 1.5B target (two plain) are a third of the full suite's
+# time on 2 cores, so each claim is made once, on the text where its drafter works hardest
+# (the tiny pair's 1200-token runs in test_long_runs.py cover more texts for every strategy).
 PROMPTS = {
     "code-edit-rename": (
         "Rename the function to `splittype_v2` (update any recursive calls too). Keep everything else exactly "
@@ -130,16 +134,6 @@ PROMPTS = {
         "    match = _typeprog.match(url)\n    if match:\n        scheme, data = match.groups()\n"
         "        return scheme.lower(), data\n    return None, url\n```"
     ),
-    "code-edit-docstring": (
-        "Add a concise docstring to this Python function if it has none, or rewrite the existing one to be one "
-        "line. Keep the code exactly the same and reply with the complete function only.\n\n```python\n"
-        "def _siftdown(heap, startpos, pos):\n    newitem = heap[pos]\n"
-        "    # Follow the path to the root, moving parents down until finding a place\n    # newitem fits.\n"
-        "    while pos > startpos:\n        parentpos = (pos - 1) >> 1\n        parent = heap[parentpos]\n"
-        "        if newitem < parent:\n            heap[pos] = parent\n            pos = parentpos\n"
-        "            continue\n        break\n    heap[pos] = newitem\n```"
-    ),
-    "free-reverse": "Write a Python function that reverses a string.",
     "free-history": "In three sentences, why did the Roman Empire split into east and west?",
 }
 
@@ -187,7 +181,7 @@ MAX_FLIPS = 3
 
 def _check_greedy_path(target, prompt, spec, spec_rows, plain, plain_rows, strategy) -> None:
     done, flips = 0, []  # spec[:done] is checked
-    while True:
+    for _ in range(MAX_FLIPS + 1):  # each pass returns, fails, or resumes after one tolerated flip
         at = next((i for i, (a, b) in enumerate(zip(plain, spec[done:])) if a != b), None)
         if at is None and len(plain) == len(spec) - done:
             return
@@ -204,7 +198,7 @@ def _check_greedy_path(target, prompt, spec, spec_rows, plain, plain_rows, strat
         report = _divergence(target, spec, i, (p_choice, s_choice), margins, strategy, flips)
         if p_choice == s_choice or max(plain_margin, spec_margin) >= NEAR_TIE * scale or row_gap >= ROW_NOISE * scale:
             pytest.fail(report)
-        if len(flips) >= MAX_FLIPS:
+        if len(flips) == MAX_FLIPS:
             pytest.fail(f"too many near-tie flips; the last: {report}")
         flips.append(f"token {i}: margins {plain_margin:.3f} / {spec_margin:.3f}")
         warnings.warn(f"tolerated a near-tie flip: {report}", stacklevel=1)
@@ -213,6 +207,7 @@ def _check_greedy_path(target, prompt, spec, spec_rows, plain, plain_rows, strat
             return
         done = i + 1
         plain, plain_rows = _plain(target, prompt + spec[:done], MAX_TOKENS - done)
+    pytest.fail(f"--spec {strategy}: more than {MAX_FLIPS} near-tie flips")  # not reached: the loop returns or fails
 
 
 def _top_margin(row: np.ndarray) -> float:

@@ -199,11 +199,20 @@ def exact_texts(truth: LlamaBackend, prompt: list[int], params: SamplingParams) 
     return texts
 
 
-def test_sampling_under_reuse_follows_the_target_distribution(tiny_server, tiny_pair):
+def test_sampling_under_reuse_follows_the_target_distribution(compact_pair):
     """Temperature > 0, each sample served right after a different request (KV prefix and n-gram
-    memory carried over): the texts follow the target's exactly computed distribution."""
-    url, _ = tiny_server
-    truth = LlamaBackend(tiny_pair[0], TINY)
+    memory carried over): the texts follow the target's exactly computed distribution. On the
+    compact pair (conftest.py): 1200 requests, each step reading a 4096-token output layer."""
+    engine = tiny_engine(compact_pair)
+    try:
+        with running(Service(engine, "tiny")) as url:
+            _sample_under_reuse(url, compact_pair[0])
+    finally:
+        engine.close()
+
+
+def _sample_under_reuse(url: str, target) -> None:
+    truth = LlamaBackend(target, TINY)
     try:
         params = SamplingParams(temperature=1.5, top_k=3, top_p=1.0, min_p=0.0)
         head = truth.tokenize("def add(a, b):")
