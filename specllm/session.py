@@ -105,7 +105,8 @@ class Engine:
         """This machine's cost curve for these models: from the cost cache when it matches, else measured."""
         if not self.costs_known(max_batch):
             self._costs = measure_costs(self.target, self.draft, max_batch=max_batch)
-            save_costs(self.cost_cache, self._cost_key(max_batch), self._costs)
+            if self._costs.steady:  # a curve timed while other work shared the cores serves this run only
+                save_costs(self.cost_cache, self._cost_key(max_batch), self._costs)
         return self._costs
 
     def costs_known(self, max_batch: int = AUTO_MAX_BATCH) -> bool:

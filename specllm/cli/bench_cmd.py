@@ -66,6 +66,8 @@ def bench(
     if not engine.costs_known():
         c.stderr.print("measuring the verification cost curve (once for these models, ~20-30 s) ...")
     costs = engine.costs()
+    if not costs.steady:
+        c.warn(c.BUSY_CALIBRATION)
     settings = BenchSettings(chosen, max_tokens, params, seed, repeats, warm)
     runs, partial = _collect(engine, workload, settings)
     rows = summarize(runs, costs, params.greedy, (ngram_min, ngram_max))

@@ -15,6 +15,7 @@ from specllm.models import catalog, store
 from specllm.session import Engine, ModelPaths, SpecConfig, pick_draft
 
 stderr = Console(stderr=True, highlight=False)
+BUSY_CALIBRATION = "other work shared the cores while the cost curve was measured: it serves this run and is measured again next time"
 
 
 def open_engine(
@@ -45,7 +46,8 @@ def open_engine(
     if spec.strategy == "auto" and not engine.costs_known():
         if sys.stderr.isatty():
             stderr.print("measuring what a target pass costs on this machine (once for these models, ~20-30 s) ...")
-        engine.costs()
+        if not engine.costs().steady and sys.stderr.isatty():
+            warn(BUSY_CALIBRATION)
     return engine
 
 

@@ -26,6 +26,7 @@ class CostModel:
     depth: int = 0  # tokens in the KV cache when batch_seconds were measured
     context_seconds: float = 0.0  # added per batch token per context token beyond `depth` (attention)
     draft_token_seconds: float = 0.0  # the draft model reading one more committed token in a batch (0: not measured)
+    steady: bool = True  # measured on a machine that was not busy with other work (not saved: a busy curve is not cached)
 
     def verify(self, k: int, context: int | None = None) -> float:
         """Seconds for one target pass over k tokens after `context` cached ones (default: the calibration depth).
@@ -107,13 +108,19 @@ class CostModel:
         )
 
 
-SMALL_BATCH_REPEATS = 16  # a batch of k is timed max(1, 16 // k) times a round
+SMALL_BATCH_REPEATS = 16  # one token and the draft step are timed this many times in all (they are cheap and noisy)
+CALIBRATION_ROUNDS = 3  # every size is timed once a round; its cost is the median of the rounds
 CALIBRATION_DEPTH = 256  # tokens already in the KV cache when timing: a typical prompt's length
 DEEPER = 2  # the context growth is timed at twice that depth
-CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},median,every-size,context-median,draft-batch"  # part of the cache key: a new method measures again
+# One token's timings, spread over the whole calibration, varying more than this (upper quartile over
+# lower) mean other work shared the cores for a good part of it: the curve serves this run but is
+# not cached. A burst in under a quarter of the timings leaves the quartiles (and the medians) alone.
+BUSY_SPREAD = 1.25
+JITTER_SECONDS = 0.002  # passes shorter than this vary with the scheduler, not with other work: not judged
+CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},paired-rounds={CALIBRATION_ROUNDS},every-size,context-median,draft-batch"  # part of the cache key: a new method measures again
 
 
-def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBRATION_DEPTH, repeats: int = 1) -> CostModel:
+def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBRATION_DEPTH, repeats: int = CALIBRATION_ROUNDS) -> CostModel:
     """Time every target batch size 1..max_batch (and a draft step) at a realistic depth; leaves both KV caches empty.
 
     Depth matters: every batch token attends to every cached token, so a pass grows with the
@@ -123,12 +130,17 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
     Every size is timed, none interpolated: CPU kernels favour some sizes (same machine, batch
     of 16: 8.3 single tokens, of 15: 10.2, of 32: 14.5, of 31: 16.1), so a curve drawn between
     a few sizes misprices the ones between. One untimed pass of the largest batch first (llama.cpp
-    sizes its compute buffers on first use), then `repeats` rounds; small batches are cheap and
-    noisy, so they are timed several times a round. Each size costs the median of its timings
-    (one token's cost is the denominator of every ratio, and the fastest of a few is too lucky).
-    A batch is then held between one token's cost and k times it, which the hardware guarantees.
-    Last, one token and the largest batch are timed again at a deeper context, which gives
-    what each cached token adds to a pass (`CostModel.verify(k, context)`).
+    sizes its compute buffers on first use), then `repeats` rounds over every size.
+
+    A user's machine is rarely idle, and a burst of other work during one size's timing would be
+    cached as that machine's curve for good (seen: a browser-sized burst made batches of 2-4 cost
+    what one token does, and of 9-11 k tokens each). So each batch is timed right after one token,
+    and its cost is that ratio (a burst hitting both cancels), its median over the rounds (a burst
+    hitting one round is outvoted) times one token's median over the whole calibration. A batch is
+    held between one token's cost and k times it, which the hardware guarantees. `steady` says
+    whether one token's timings agreed (BUSY_SPREAD): a curve measured on a busy machine is used,
+    not cached. Last, one token and the largest batch are timed again at a deeper context, which
+    gives what each cached token adds to a pass (`CostModel.verify(k, context)`).
     """
     sizes = batch_sizes(max_batch, target.n_ctx)
     filler = _filler_tokens(target, min(context, target.n_ctx - max(sizes)))
@@ -136,27 +148,40 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
     _time_batch(target, filler, batch)
     if draft is not None:
         _time_batch(draft, filler, batch[:1])
-    timings: dict[int, list[float]] = {k: [] for k in sizes}
+    rounds = max(repeats, 1)
+    ones: list[float] = []
+    ratios: dict[int, list[float]] = {k: [] for k in sizes[1:]}
     draft_timings: list[float] = []
     draft_batch_timings: list[float] = []  # the draft model reading the whole batch: its catch-up rate
-    for _ in range(repeats):
-        for k in sizes:
-            timings[k] += [_time_batch(target, filler, batch[:k]) for _ in range(max(1, SMALL_BATCH_REPEATS // k))]
+    for _ in range(rounds):
+        for k in sizes[1:]:
+            one = _time_batch(target, filler, batch[:1])
+            ones.append(one)
+            ratios[k].append(_time_batch(target, filler, batch[:k]) / one)
         if draft is not None:
-            draft_timings += [_time_batch(draft, filler, batch[:1]) for _ in range(SMALL_BATCH_REPEATS)]
-            draft_batch_timings += [_time_batch(draft, filler, batch) for _ in range(3)]
-    best = {k: float(np.median(t)) for k, t in timings.items()}
-    context_seconds = _context_slope(target, filler, batch, best[1])
+            draft_timings += [_time_batch(draft, filler, batch[:1]) for _ in range(max(1, SMALL_BATCH_REPEATS // rounds))]
+            draft_batch_timings.append(_time_batch(draft, filler, batch))
+    while len(ones) < SMALL_BATCH_REPEATS:  # a short curve: time one token enough on its own
+        ones.append(_time_batch(target, filler, batch[:1]))
+    one = float(np.median(ones))
+    context_seconds = _context_slope(target, filler, batch, one)
     target.rewind(0)
     if draft is not None:
         draft.rewind(0)
-    one = best[1]
-    batch_seconds = {k: min(max(s, one), k * one) for k, s in best.items()}
+    batch_seconds = {1: one} | {k: one * min(max(float(np.median(r)), 1.0), k) for k, r in ratios.items()}
     draft_seconds = float(np.median(draft_timings)) if draft is not None else 0.0
     draft_token_seconds = 0.0
     if draft is not None and len(batch) > 1:
         draft_token_seconds = max(float(np.median(draft_batch_timings)) - draft_seconds, 0.0) / (len(batch) - 1)
-    return CostModel(batch_seconds, draft_seconds, len(filler), context_seconds, draft_token_seconds)
+    costs = CostModel(batch_seconds, draft_seconds, len(filler), context_seconds, draft_token_seconds)
+    costs.steady = one < JITTER_SECONDS or timing_spread(ones) <= BUSY_SPREAD
+    return costs
+
+
+def timing_spread(timings: list[float]) -> float:
+    """How far repeated timings of the same pass disagree: the upper quartile over the lower."""
+    low, high = np.percentile(timings, [25, 75])
+    return float(high / low) if low > 0 else float("inf")
 
 
 def _context_slope(target, filler: list[int], batch: list[int], one: float) -> float:

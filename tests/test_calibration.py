@@ -1,0 +1,92 @@
+"""The cost curve is measured so that other work on the machine cannot become its curve for good."""
+
+import numpy as np
+
+from specllm.backend import LoadOptions
+from specllm.engine import costmodel
+from specllm.engine.costmodel import CostModel, load_costs, measure_costs
+from specllm.session import Engine, ModelPaths, SpecConfig
+
+
+def _true_cost(k: int) -> float:
+    return 0.030 * (1 + 0.3 * (k - 1))
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class TimedBackend:
+    """A backend whose timed passes cost `_true_cost` on a virtual clock, `slowdown` times as much
+    while the clock is inside `burst` (other work sharing the cores)."""
+
+    n_ctx = 4096
+
+    def __init__(self, clock: Clock, burst=(0.0, 0.0), slowdown: float = 1.0):
+        self.clock, self.burst, self.slowdown = clock, burst, slowdown
+        self.n_past = 0
+
+    def tokenize(self, text: str) -> list[int]:
+        return [3 + (i % 50) for i in range(len(text) // 3)]
+
+    def evaluate(self, tokens, rows) -> np.ndarray:
+        busy = self.burst[0] <= self.clock.now < self.burst[1]
+        if rows:  # a timed pass (filling the context, which asks for no logits, takes no virtual time)
+            self.clock.now += _true_cost(len(tokens)) * (self.slowdown if busy else 1.0)
+        self.n_past += len(tokens)
+        return np.zeros((len(rows), 8), dtype=np.float32)
+
+    def rewind(self, n_past: int) -> None:
+        self.n_past = min(self.n_past, n_past)
+
+
+def _measure(monkeypatch, backend: TimedBackend) -> CostModel:
+    monkeypatch.setattr(costmodel, "time", backend.clock)
+    return measure_costs(backend, None, max_batch=32)
+
+
+def _worst_error(costs: CostModel) -> float:
+    one = costs.verify(1)
+    return max(abs(costs.verify(k) / one - _true_cost(k) / _true_cost(1)) / (_true_cost(k) / _true_cost(1)) for k in range(2, 33))
+
+
+def test_a_quiet_machine_gets_its_curve_and_it_is_steady(monkeypatch):
+    costs = _measure(monkeypatch, TimedBackend(Clock()))
+    assert _worst_error(costs) < 1e-9 and costs.steady
+    assert abs(costs.verify(1) - _true_cost(1)) < 1e-9
+
+
+def test_a_burst_of_other_work_does_not_become_the_curve(monkeypatch):
+    """Other work triples every pass for the first sixth of the calibration, where the old method
+    timed one token alone: each batch is priced against the token timed beside it and the median
+    round, so the curve stays within 5% of the machine's."""
+    quiet = _measure(monkeypatch, TimedBackend(Clock()))
+    length = sum(_true_cost(k) + _true_cost(1) for k in range(2, 33)) * 3  # the three rounds, roughly
+    costs = _measure(monkeypatch, TimedBackend(Clock(), burst=(0.0, length / 6), slowdown=3.0))
+    assert _worst_error(costs) < 0.05
+    assert abs(costs.verify(1) / quiet.verify(1) - 1) < 0.05
+
+
+def test_a_machine_busy_through_the_calibration_is_known_to_be(monkeypatch):
+    """Other work doubling every pass for the second half of the calibration: the single-token
+    timings disagree, so the curve is marked unsteady (and not cached, below)."""
+    length = sum(_true_cost(k) + _true_cost(1) for k in range(2, 33)) * 3
+    costs = _measure(monkeypatch, TimedBackend(Clock(), burst=(length / 2, 10 * length), slowdown=2.0))
+    assert not costs.steady
+
+
+def test_a_curve_measured_on_a_busy_machine_serves_the_run_but_is_not_cached(monkeypatch, tiny_pair, tmp_path):
+    options = LoadOptions(n_ctx=256, n_threads=1, n_gpu_layers=0)
+    cache = tmp_path / "costs.json"
+    for steady in (False, True):
+        engine = Engine(ModelPaths(tiny_pair[0]), SpecConfig(strategy="auto"), options, options, cost_cache=cache)
+        measured = CostModel({k: 0.01 * k for k in range(1, 33)}, steady=steady)
+        monkeypatch.setattr("specllm.session.measure_costs", lambda *args, **kwargs: measured)
+        assert engine.costs() is measured  # this run decides by it either way
+        saved = load_costs(cache, engine._cost_key(32))
+        assert (saved is not None) == steady, f"steady={steady}"
+        engine.close()
