@@ -21,7 +21,8 @@ USER_XDG = [Path(os.environ.get(var) or Path.home() / sub) for var, sub in (("XD
 
 def user_files() -> dict[str, tuple[int, int]]:
     """(size, mtime) of every file under the user's specllm cache and config folders but the model
-    downloads, plus the names directly inside the user's cache and config folders."""
+    downloads, plus the names directly inside the user's cache and config folders (but specllm's
+    cache folder itself, which a first download creates)."""
     files = {}
     for root in (USER_CACHE, USER_CONFIG):
         for path in root.rglob("*") if root.is_dir() else ():
@@ -30,7 +31,8 @@ def user_files() -> dict[str, tuple[int, int]]:
                 files[str(path)] = (stat.st_size, stat.st_mtime_ns)
     for root in USER_XDG:
         for path in root.iterdir() if root.is_dir() else ():
-            files.setdefault(str(path), (0, 0))
+            if path != USER_CACHE:  # created by the first model download on a fresh machine; its files are checked above
+                files.setdefault(str(path), (0, 0))
     return files
 
 
