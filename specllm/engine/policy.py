@@ -4,7 +4,7 @@ model, or not at all, and how much.
 One rule for both sources: a step is worth  E[tokens committed] - R * E[seconds]  where R is the
 running throughput (tokens per second). The n-gram proposal's best prefix is drafted when it is
 worth more than plain decoding by a margin (it costs no drafting time, and only drafting it shows
-whether the text is being copied); else the draft model when it is, by the same margin. Seconds
+whether the text is being copied); else the draft model when it is, by its own margin. Seconds
 come from the measured cost curve (`CostModel`: a target pass over k tokens at this context, a
 draft-model step, the draft model reading committed tokens). Acceptance is learned during the
 generation (`Beta` estimates with the priors of `priors.py`):
@@ -138,7 +138,7 @@ class CostAwarePolicy:
         # time, and only drafting it keeps showing whether the text is being copied.
         if keys and ngram > plain + priors.MARGIN:
             return Plan("ngram", tuple(keys))
-        if keep_model and best_k and best_model > plain + priors.MARGIN:
+        if keep_model and best_k and best_model > plain + priors.MODEL_MARGIN:
             return Plan("draft", draft_tokens=min(self.draft_max, self.tokens_left - 1))
         return Plan(None)
 
