@@ -64,7 +64,7 @@ def bench(
         chosen = [s for s in chosen if s not in ("draft", "ngram+draft")]
         c.warn("no draft model: skipping the draft and ngram+draft strategies")
     if not engine.costs_known():
-        c.stderr.print("measuring the verification cost curve (once for these models, ~20-30 s) ...")
+        c.stderr.print("measuring the verification cost curve (once for these models, ~45 s) ...")
     costs = engine.costs()
     if not costs.steady:
         c.warn(c.BUSY_CALIBRATION)

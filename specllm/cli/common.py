@@ -45,7 +45,7 @@ def open_engine(
     engine = Engine(ModelPaths(target_path, draft_path), spec, options, draft_options, catalog.cache_dir() / "costs.json")
     if spec.strategy == "auto" and not engine.costs_known():
         if sys.stderr.isatty():
-            stderr.print("measuring what a target pass costs on this machine (once for these models, ~20-30 s) ...")
+            stderr.print("measuring what a target pass costs on this machine (once for these models, ~45 s) ...")
         if not engine.costs().steady and sys.stderr.isatty():
             warn(BUSY_CALIBRATION)
     return engine

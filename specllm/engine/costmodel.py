@@ -1,8 +1,8 @@
 """What a target pass and a draft step cost on this machine, with these models.
 
 `measure_costs` times the target on every batch size 1..max_batch at a typical prompt's depth,
-then how much each cached token adds (and the draft model: one step, and its rate reading a batch): about 22 s for
-batches up to 32 with a 1.5B model on 2 cores, once per machine and model set (the result is
+then how much each cached token adds (and the draft model: one step, and its rate reading a batch): about 43 s for
+batches up to 32 with the default pair on 2 cores, once per machine and model set (the result is
 cached). `CostModel` answers `verify(k, context)` (seconds to evaluate a batch of k tokens after
 `context` cached ones) and keeps learning from the timings of real steps as generation goes.
 """
