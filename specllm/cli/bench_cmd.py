@@ -63,11 +63,7 @@ def bench(
     if any(s in ("draft", "ngram+draft") for s in chosen) and engine.draft is None:
         chosen = [s for s in chosen if s not in ("draft", "ngram+draft")]
         c.warn("no draft model: skipping the draft and ngram+draft strategies")
-    if not engine.costs_known():
-        c.stderr.print("measuring the verification cost curve (once for these models, ~45 s) ...")
-    costs = engine.costs()
-    if not costs.steady:
-        c.warn(c.BUSY_CALIBRATION)
+    costs = c.cost_curve(engine)
     settings = BenchSettings(chosen, max_tokens, params, seed, repeats, warm)
     runs, partial = _collect(engine, workload, settings)
     rows = summarize(runs, costs, params.greedy, (ngram_min, ngram_max))

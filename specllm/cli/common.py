@@ -15,7 +15,6 @@ from specllm.models import catalog, store
 from specllm.session import Engine, ModelPaths, SpecConfig, pick_draft
 
 stderr = Console(stderr=True, highlight=False)
-BUSY_CALIBRATION = "other work shared the cores while the cost curve was measured: it serves this run and is measured again next time"
 
 
 def open_engine(
@@ -43,12 +42,22 @@ def open_engine(
     options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers)
     draft_options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers_draft)
     engine = Engine(ModelPaths(target_path, draft_path), spec, options, draft_options, catalog.cache_dir() / "costs.json")
-    if spec.strategy == "auto" and not engine.costs_known():
-        if sys.stderr.isatty():
-            stderr.print("measuring what a target pass costs on this machine (once for these models, ~45 s) ...")
-        if not engine.costs().steady and sys.stderr.isatty():
-            warn(BUSY_CALIBRATION)
+    if spec.strategy == "auto":
+        cost_curve(engine, announce=sys.stderr.isatty())
     return engine
+
+
+def cost_curve(engine: Engine, announce: bool = True):
+    """The engine's cost curve, measured first when this machine has none cached for these models
+    (`announce`: say so on stderr); a curve measured while other work was busy says so too."""
+    if engine.costs_known():
+        return engine.costs()
+    if announce:
+        stderr.print("measuring the verification cost curve (once for these models, ~45 s) ...")
+    costs = engine.costs()
+    if not costs.steady and announce:
+        warn("other work shared the cores while the cost curve was measured: it serves this run and is measured again next time")
+    return costs
 
 
 def auto_draft(model: str, target_path, reg: catalog.Registry, progress):

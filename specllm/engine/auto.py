@@ -35,8 +35,9 @@ class AutoDrafter:
         if plan.source == "ngram":
             self._keys = list(plan.ngram_keys)
             return Draft(proposal.tokens[: len(self._keys)], None, "ngram", proposal.span)
-        if proposal is not None:
-            self._declined = (len(history), proposal.tokens, self.policy.ngram_keys(proposal, len(proposal.tokens)))
+        if proposal is not None:  # scored by what this step commits: one token, unless the draft model drafts
+            scored = len(proposal.tokens) if plan.source == "draft" else 1
+            self._declined = (len(history), proposal.tokens, self.policy.ngram_keys(proposal, scored))
         if plan.source == "draft":
             return self._propose_from_model(history, min(max_tokens, plan.draft_tokens), params, rng)
         return None

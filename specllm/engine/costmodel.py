@@ -173,9 +173,8 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
     draft_token_seconds = 0.0
     if draft is not None and len(batch) > 1:
         draft_token_seconds = max(float(np.median(draft_batch_timings)) - draft_seconds, 0.0) / (len(batch) - 1)
-    costs = CostModel(batch_seconds, draft_seconds, len(filler), context_seconds, draft_token_seconds)
-    costs.steady = one < JITTER_SECONDS or timing_spread(ones) <= BUSY_SPREAD
-    return costs
+    steady = one < JITTER_SECONDS or timing_spread(ones) <= BUSY_SPREAD
+    return CostModel(batch_seconds, draft_seconds, len(filler), context_seconds, draft_token_seconds, steady)
 
 
 def timing_spread(timings: list[float]) -> float:
