@@ -115,7 +115,9 @@ DEEPER = 2  # the context growth is timed at twice that depth
 # One token's timings, spread over the whole calibration, varying more than this (upper quartile over
 # lower) mean other work shared the cores for a good part of it: the curve serves this run but is
 # not cached. A burst in under a quarter of the timings leaves the quartiles (and the medians) alone.
-BUSY_SPREAD = 1.25
+# 1.25 flagged an idle machine once (the target alone, 1.5B, 2 cores); other work taking a core
+# made one token 3x slower here.
+BUSY_SPREAD = 1.5
 JITTER_SECONDS = 0.002  # passes shorter than this vary with the scheduler, not with other work: not judged
 CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},paired-rounds={CALIBRATION_ROUNDS},every-size,context-median,draft-batch"  # part of the cache key: a new method measures again
 
