@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,9 @@ class CostModel:
     context_seconds: float = 0.0  # added per batch token per context token beyond `depth` (attention)
     draft_token_seconds: float = 0.0  # the draft model reading one more committed token in a batch (0: not measured)
     steady: bool = True  # measured on a machine that was not busy with other work (not saved: a busy curve is not cached)
+    # every size from 0 to the largest measured, interpolated once: `verify` runs dozens of times a step
+    _dense: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
+    _dense_of: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     def verify(self, k: int, context: int | None = None) -> float:
         """Seconds for one target pass over k tokens after `context` cached ones (default: the calibration depth).
@@ -35,9 +38,9 @@ class CostModel:
         one, so a pass grows by k * context_seconds per context token (measured with a 1.5B model
         on 2 cores: from depth 256 to 1024 one token's pass grows 10%, a batch of 32's 32%).
         """
-        seconds = self.batch_seconds.get(k)
-        if seconds is None:  # every size up to the largest is timed, so rarely: a hand-made or partial curve
-            seconds = self._between_sizes(k)
+        if self._dense_of is not self.batch_seconds:  # first use, or a curve replaced
+            self._densify()
+        seconds = self._dense[k] if k < len(self._dense) else self._beyond_sizes(k)
         if context is None:
             return seconds
         return max(seconds + self._context_term(k, context), 0.5 * seconds)
@@ -49,13 +52,18 @@ class CostModel:
         per_token = self.draft_token_seconds or self.draft_seconds
         return self.draft_seconds + max(n - 1, 0) * per_token
 
-    def _between_sizes(self, k: int) -> float:
+    def _densify(self) -> None:
+        """Every size up to the largest measured: measured, or interpolated for a hand-made or partial curve."""
         sizes = sorted(self.batch_seconds)
-        if k > sizes[-1]:  # beyond the measurements: grow linearly with the last slope
-            a, b = sizes[-2], sizes[-1]
-            slope = (self.batch_seconds[b] - self.batch_seconds[a]) / (b - a)
-            return self.batch_seconds[b] + slope * (k - b)
-        return float(np.interp(k, sizes, [self.batch_seconds[s] for s in sizes]))
+        self._dense = np.interp(np.arange(sizes[-1] + 1), sizes, [self.batch_seconds[k] for k in sizes]).tolist()
+        self._dense_of = self.batch_seconds
+
+    def _beyond_sizes(self, k: int) -> float:
+        """Beyond the measurements: grow linearly with the last slope."""
+        sizes = sorted(self.batch_seconds)
+        a, b = sizes[-2], sizes[-1]
+        slope = (self.batch_seconds[b] - self.batch_seconds[a]) / (b - a)
+        return self.batch_seconds[b] + slope * (k - b)
 
     def _context_term(self, k: int, context: int) -> float:
         return self.context_seconds * k * (context - self.depth)
@@ -71,6 +79,7 @@ class CostModel:
         if k in self.batch_seconds:
             at_depth = seconds - (self._context_term(k, context) if context is not None else 0.0)
             self.batch_seconds[k] += LEARNING_RATE * (at_depth - self.batch_seconds[k])
+            self._dense_of = None  # interpolated sizes beside it move too
 
     def observe_draft(self, seconds_per_token: float) -> None:
         self.draft_seconds += LEARNING_RATE * (seconds_per_token - self.draft_seconds)

@@ -250,9 +250,10 @@ class CostAwarePolicy:
         within one single-token pass plus CAP_GROWTH times what n-gram drafts have saved so far; or
         half the agreeing span when that is longer. On a flat curve (a GPU) that is every length at
         once, on a steep one (a CPU) a token or two until copies have paid for longer bets."""
-        allowed = self.cost(1) + priors.CAP_GROWTH * max(self.ngram_gain, 0.0)
+        one = self.cost(1)
+        allowed = one + priors.CAP_GROWTH * max(self.ngram_gain, 0.0)
         cap = 1
-        while cap < self.draft_max and self.cost(cap + 2) - self.cost(1) <= allowed:
+        while cap < self.draft_max and self.cost(cap + 2) - one <= allowed:
             cap += 1
         return max(cap, span // 2)
 
