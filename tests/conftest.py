@@ -31,10 +31,12 @@ from pathlib import Path
 import pytest
 
 from specllm.backend import LoadOptions
+from specllm.engine import auto, decode, drafters
 from specllm.engine.costmodel import CostModel
 from specllm.models.store import resolve_model
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.cli_helpers import ROOT
+from tests.fakes import VirtualClock
 from tests.tiny_gguf import TINY_VOCAB, write_tiny_gguf
 from tests.user_files import USER_CACHE, USER_ENV, builtin_registry, user_files, user_files_changed
 
@@ -147,6 +149,15 @@ def pytest_sessionfinish(session, exitstatus):
         if reporter is not None:
             reporter.write_line(f"ERROR: {message}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def virtual_clock(monkeypatch) -> VirtualClock:
+    """The engine's modules read this clock instead of `time` for the test (they use perf_counter only)."""
+    clock = VirtualClock()
+    for module in (decode, auto, drafters):
+        monkeypatch.setattr(module, "time", clock)
+    return clock
 
 
 # -- models ----------------------------------------------------------------------------------

@@ -17,8 +17,26 @@ from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
 from specllm.engine.sampling import SamplingParams
 
 
+class VirtualClock:
+    """`time` for the engine's modules (the `virtual_clock` fixture) in tests of `auto` on fakes: a
+    pass costs what a cost curve says, so what the policy measures agrees with the curve it plans
+    by (a fake runs in microseconds; against a curve of milliseconds every draft would look lost)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
 class FakeBackend:
-    def __init__(self, n_vocab: int = 8, seed: int = 0, eog: int | None = None, n_ctx: int = 512, sharpness: float = 2.0):
+    """`clock` and `pass_seconds`: each evaluation of k tokens advances the clock by pass_seconds(k)."""
+
+    def __init__(
+        self, n_vocab: int = 8, seed: int = 0, eog: int | None = None, n_ctx: int = 512, sharpness: float = 2.0,
+        clock: VirtualClock | None = None, pass_seconds=None,
+    ):  # fmt: skip
+        self.clock, self.pass_seconds = clock, pass_seconds
         rng = np.random.default_rng(seed)
         self.table = rng.normal(size=(n_vocab, n_vocab, n_vocab)).astype(np.float32) * sharpness
         self.n_vocab = n_vocab
@@ -49,6 +67,8 @@ class FakeBackend:
         if self.n_past + len(tokens) > self.n_ctx:
             raise RuntimeError("fake context full")
         self.evaluations.append(len(tokens))
+        if self.clock is not None:
+            self.clock.now += self.pass_seconds(len(tokens))
         wanted = set(rows)
         out = []
         for i, token in enumerate(tokens):

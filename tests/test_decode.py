@@ -1,4 +1,5 @@
 import itertools
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -25,12 +26,22 @@ GREEDY = SamplingParams(temperature=0.0)
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
 
 
-def _drafters(kind, v=8, draft_seed=1):
+# `auto` on fakes plans by this GPU-like curve and runs on the virtual clock that it prices: it then
+# drafts from both sources (on real time a fake's microseconds would make every draft look lost)
+AUTO_COSTS = CostModel({k: 0.01 + 0.0001 * k for k in (1, 2, 4, 8, 16)}, draft_seconds=0.001, draft_token_seconds=0.0001)
+
+
+def _target(v, seed=0, clock=None):
+    return FakeBackend(n_vocab=v, seed=seed, clock=clock, pass_seconds=AUTO_COSTS.verify)
+
+
+def _drafters(kind, v=8, draft_seed=1, clock=None):
     if kind == "off":
         return None
     if kind == "auto":
-        flat = CostModel({k: 0.01 + 0.0001 * k for k in (1, 2, 4, 8, 16)}, draft_seconds=0.001)
-        return AutoDrafter(NgramDrafter(1, 3), ModelDrafter(FakeBackend(n_vocab=v, seed=draft_seed), 0.0), CostAwarePolicy(flat, has_draft_model=True))
+        assert clock is not None, "auto on fakes runs on the virtual clock"
+        draft = FakeBackend(n_vocab=v, seed=draft_seed, clock=clock, pass_seconds=AUTO_COSTS.catch_up)
+        return AutoDrafter(NgramDrafter(1, 3), ModelDrafter(draft, 0.0), CostAwarePolicy(AUTO_COSTS.copy(), has_draft_model=True))
     if kind == "ngram":
         return NgramDrafter(1, 3)
     draft = ModelDrafter(FakeBackend(n_vocab=v, seed=draft_seed), p_min=0.0)
@@ -44,10 +55,10 @@ def _run(decoder, prompt, n, params, seed=0):
 
 @pytest.mark.parametrize("kind", ["off", "ngram", "draft", "ngram+draft", "auto"])
 @pytest.mark.parametrize("draft_max", [1, 3, 8])
-def test_greedy_speculation_equals_plain(kind, draft_max):
-    target = FakeBackend(seed=0)
+def test_greedy_speculation_equals_plain(kind, draft_max, virtual_clock):
+    target = _target(8, clock=virtual_clock)
     reference = generate_plain(FakeBackend(seed=0), PROMPT, 40, GREEDY, np.random.default_rng(0))
-    done, events = _run(Decoder(target, _drafters(kind), fixed_budget(draft_max)), PROMPT, 40, GREEDY)
+    done, events = _run(Decoder(target, _drafters(kind, clock=virtual_clock), fixed_budget(draft_max)), PROMPT, 40, GREEDY)
     assert done.tokens == reference
     assert [e.token for e in events if isinstance(e, TokenCommitted)] == reference
 
@@ -79,27 +90,41 @@ def _exact_distribution(seed, prompt, length, params, v=8):
     return dist
 
 
+# The sources each drafter must have drafted from, and drafts both fully accepted and rejected (a draft
+# model equal to the target is never rejected): a chi-square over sequences no draft touched proves nothing.
+# 8000 sequences are enough to catch a subtly wrong rejection step: a residual max(0, p - q/2) instead
+# of max(0, p - q) fails every test here that can reject (checked by hand); resampling from p_target
+# instead of the residual gives p-values under 1e-200
+SAMPLES = 8000
+SOURCES = {"ngram": {"ngram"}, "draft": {"draft"}, "ngram+draft": {"ngram", "draft"}, "agreeing-draft": {"draft"}, "auto": {"ngram", "draft"}}
+
+
 @pytest.mark.parametrize("kind", ["ngram", "draft", "ngram+draft", "agreeing-draft", "auto"])
 @pytest.mark.parametrize(
     "params",
     [SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), SamplingParams(temperature=0.7, top_k=4, top_p=0.9, min_p=0.05)],
 )
-def test_sampled_sequences_follow_the_target_distribution(kind, params):
+def test_sampled_sequences_follow_the_target_distribution(kind, params, virtual_clock):
     v, length = 5, 3
     prompt = [1, 2, 1, 2, 1]
     expected = _exact_distribution(0, prompt, length, params, v)
-    target = FakeBackend(n_vocab=v, seed=0)
-    draft = {"agreeing-draft": ModelDrafter(FakeBackend(n_vocab=v, seed=0), p_min=0.0)}.get(kind) or _drafters(kind, v)
+    target = _target(v, clock=virtual_clock)
+    draft = {"agreeing-draft": ModelDrafter(FakeBackend(n_vocab=v, seed=0), p_min=0.0)}.get(kind) or _drafters(kind, v, clock=virtual_clock)
     decoder = Decoder(target, draft, fixed_budget(3))
     rng = np.random.default_rng(11)
-    samples = [tuple(Done_tokens(decoder, prompt, length, params, rng)) for _ in range(12000)]
+    samples, sources, outcomes = [], Counter(), Counter()
+    for _ in range(SAMPLES):
+        if kind == "ngram+draft":  # a fresh chain: the n-gram cache's memory of earlier samples would leave the draft model nothing
+            decoder = Decoder(target, _drafters(kind, v, clock=virtual_clock), fixed_budget(3))
+        for event in decoder.generate(prompt, length, params, rng):
+            if isinstance(event, StepDone) and event.drafted:
+                sources[event.source] += 1
+                outcomes["all accepted" if event.accepted == event.drafted else "rejected"] += 1
+            elif isinstance(event, Done):
+                samples.append(tuple(event.tokens))
+    assert all(sources[source] >= 100 for source in SOURCES[kind]), sources
+    assert outcomes["all accepted"] >= 100 and (kind == "agreeing-draft" or outcomes["rejected"] >= 100), outcomes
     assert chi_square_pvalue(samples, expected) > 1e-4
-
-
-def Done_tokens(decoder, prompt, n, params, rng):
-    for event in decoder.generate(prompt, n, params, rng):
-        if isinstance(event, Done):
-            return event.tokens
 
 
 def test_stops_at_end_of_generation_token():
