@@ -142,3 +142,13 @@ def test_every_command_in_the_readme_is_in_the_help():
     assert result.exit_code == 0, result.output
     listed = set(re.findall(r"^│ (\w+)\s", result.output, flags=re.M)) or set(re.findall(r"^  (\w+)\s", result.output, flags=re.M))
     assert commands <= listed, f"in the README but not in `specllm --help`: {sorted(commands - listed)}"
+
+
+def test_ci_runs_the_readme_test_command():
+    """The quick start's test command is what `.ci/run` runs, in the same order."""
+    readme = (ROOT / "README.md").read_text("utf-8")
+    line = next(line for line in readme.splitlines() if line.startswith('pip install -e ".[test]" && '))
+    readme_runs = [command.strip() for command in line.split(" && ")[1:]]
+    ci = (ROOT / ".ci" / "run").read_text("utf-8")
+    ci_runs = ["python -m pytest " + args.strip() for args in re.findall(r"^run_pytest (.+)$", ci, flags=re.M)]
+    assert readme_runs and ci_runs == readme_runs, (ci_runs, readme_runs)
