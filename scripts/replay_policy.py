@@ -264,10 +264,12 @@ def load_curve(path: str, max_batch: int):
     if "calibrated" in report:  # a machine file
         costs = CostModel.from_dict(report["calibrated"])
         costs.draft_token_seconds = costs.draft_token_seconds or _draft_token_seconds(report)
-    elif "verify_cost" in report:  # bench --json
+    elif "costs" in report:  # bench --json: the cost model the run used
+        costs = CostModel.from_dict(report["costs"])
+    elif "verify_cost" in report:  # an older bench --json: the curve and the draft step (its reading rate unknown: priced as steps)
         curve = {c["batch"]: c["ms"] / 1000 for c in report["verify_cost"]}
         depth, context_seconds = report.get("verify_cost_depth", 0), report.get("verify_context_us", 0.0) / 1e6
-        costs = CostModel(curve, report.get("draft_seconds", 0.0), depth, context_seconds, report.get("draft_token_seconds", 0.0))
+        costs = CostModel(curve, (report.get("draft_cost_relative") or 0.0) * curve[1], depth, context_seconds)
     else:  # costs.json: one entry per machine and model set; the one with a draft model, else the first
         entries = list(report.values())
         costs = CostModel.from_dict(next((e for e in entries if e.get("draft_seconds")), entries[0]))

@@ -49,6 +49,20 @@ def test_text_full_of_chance_matches_on_a_steep_curve_costs_what_plain_decoding_
     assert figures["oracle"] < figures["plain"]  # some chance matches were right: a policy that knew could have gained
 
 
+def test_a_bench_report_replays_on_the_cost_model_its_run_used(tmp_path):
+    """`--costs` takes a `bench --json` report: its whole cost model, the draft model's step and reading
+    rate included (an older report without it: the draft step from its relative cost)."""
+    replay = _load()
+    costs = CostModel({1: 0.04, 2: 0.066, 4: 0.12}, draft_seconds=0.027, depth=256, context_seconds=2e-6, draft_token_seconds=0.009)
+    report = {"verify_cost": costs.curve(), "verify_cost_depth": 256, "draft_cost_relative": 0.675, "costs": costs.to_dict()}
+    (tmp_path / "new.json").write_text(json.dumps(report))
+    assert replay.load_curve(str(tmp_path / "new.json"), 32) == costs
+    del report["costs"]
+    (tmp_path / "old.json").write_text(json.dumps(report))
+    old = replay.load_curve(str(tmp_path / "old.json"), 32)
+    assert old.draft_seconds == pytest.approx(0.027) and old.batch_seconds == costs.batch_seconds and old.draft_token_seconds == 0
+
+
 DATA = Path(__file__).resolve().parent / "data"
 # The recording: plain greedy text of the default pair on all 62 prompts of dev.jsonl (-n 128), with
 # what the draft model proposes after every position (`replay_policy.py record`). The curves: the

@@ -204,6 +204,7 @@ def _report(engine, settings, costs, rows, runs, workload, partial, prompts_file
         "verify_cost_depth": costs.depth,
         "verify_context_us": round(costs.context_seconds * 1e6, 4),  # per batch token per cached token beyond the depth
         "draft_cost_relative": round(costs.draft_seconds / costs.verify(1), 3) if costs.draft_seconds else None,
+        "costs": costs.to_dict(),  # the whole cost model the run used: scripts/replay_policy.py replays on it
         "results": rows,
         "runs": [
             {"prompt": r.prompt.id, "category": r.prompt.category, "strategy": r.strategy, "repeat": r.repeat, **r.stats.to_dict(),
