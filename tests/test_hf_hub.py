@@ -17,7 +17,7 @@ import gguf
 import pytest
 
 from specllm.errors import SpecllmError
-from specllm.models import hfnames, hub, store
+from specllm.models import hfnames, hub, store, transfer
 from specllm.models.hfnames import HfName, RemoteFile
 from tests.cli_helpers import specllm_here
 from tests.hubserver import LocalHub
@@ -72,6 +72,7 @@ def home(tmp_path, monkeypatch):
 
 @pytest.fixture
 def local_hub(home, monkeypatch, tiny):
+    monkeypatch.setattr(transfer, "RETRY_PAUSE", 0.0)  # the retries are the claim, not their pacing
     server = LocalHub()
     monkeypatch.setenv("HF_ENDPOINT", server.url)
     server.add(REPO, "tiny-Q4_K_M.gguf", tiny["target"].read_bytes())

@@ -16,6 +16,7 @@ from typing import Callable
 
 CHUNK = 1 << 20
 RETRIES = 3  # within one run, after a broken transfer; every later run resumes too
+RETRY_PAUSE = 0.5  # seconds before the first retry, doubling with each, at most 2 s
 
 
 class TransferBroken(Exception):
@@ -60,7 +61,7 @@ def download(
             got = part.stat().st_size if part.exists() else 0
             if failures > retries:
                 raise TransferBroken(f"broke off after {got} of {size} bytes ({_one_line(exc)})") from None
-            time.sleep(min(0.25 * 2**failures, 2.0))
+            time.sleep(min(RETRY_PAUSE * 2 ** (failures - 1), 2.0))
             continue
         got = part.stat().st_size if part.exists() else 0
         if got < size:  # the server ended its answer cleanly but short: the file it has is truncated
