@@ -70,11 +70,22 @@ DATA = Path(__file__).resolve().parent / "data"
 CURVES = ("this-machine-avx512-2core.json", "zen3-avx2-2core.json", "flat-gpu-synthetic.json")
 
 
+class _Replays(dict):
+    """Each curve's replay, made when a test first asks for it: xdist's workers share no fixture,
+    and a worker that runs one curve's tests replays only that curve (1-2 s each)."""
+
+    def __init__(self):
+        super().__init__()
+        self.replay, self.data = _load(), json.loads((DATA / "dev-streams.json").read_text())
+
+    def __missing__(self, curve: str) -> dict:
+        self[curve] = self.replay.simulate(self.data, self.replay.load_curve(str(DATA / curve), 32), draft_max=31)
+        return self[curve]
+
+
 @pytest.fixture(scope="module")
-def replayed():
-    replay = _load()
-    data = json.loads((DATA / "dev-streams.json").read_text())
-    return {name: replay.simulate(data, replay.load_curve(str(DATA / name), 32), draft_max=31) for name in CURVES}
+def replayed() -> _Replays:
+    return _Replays()
 
 
 @pytest.mark.parametrize("curve", CURVES)

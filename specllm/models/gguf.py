@@ -26,6 +26,7 @@ _SCALARS = {
     gguf.GGUFValueType.UINT64: "<Q", gguf.GGUFValueType.INT64: "<q",
     gguf.GGUFValueType.FLOAT64: "<d",
 }  # fmt: skip
+_LENGTH = struct.Struct("<Q")  # a string's byte length, before its bytes
 _KEEP = (
     "general.architecture", "general.name", "tokenizer.ggml.model", "tokenizer.ggml.pre",
     "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.add_bos_token",
@@ -125,6 +126,16 @@ def _string(data: mmap.mmap, offset: int) -> tuple[str, int]:
     return data[offset + 8 : end].decode("utf-8", "replace"), end
 
 
+def _skip_strings(data: mmap.mmap, offset: int, count: int) -> int:
+    """The offset after `count` strings starting at `offset`, read by their lengths alone."""
+    length_at = _LENGTH.unpack_from
+    for _ in range(count):
+        offset += 8 + length_at(data, offset)[0]
+    if offset > len(data):
+        raise _PastEnd()
+    return offset
+
+
 def _value(data: mmap.mmap, offset: int, vtype: gguf.GGUFValueType):
     if vtype == gguf.GGUFValueType.STRING:
         return _string(data, offset)
@@ -134,6 +145,8 @@ def _value(data: mmap.mmap, offset: int, vtype: gguf.GGUFValueType):
         item_type = gguf.GGUFValueType(item_type)
         if item_type in _SCALARS:  # skip fixed-size items without decoding them
             return None, offset + count * struct.calcsize(_SCALARS[item_type])
+        if item_type == gguf.GGUFValueType.STRING:  # a vocabulary or its merges: 150k strings, lengths only
+            return None, _skip_strings(data, offset, count)
         for _ in range(count):
             _, offset = _value(data, offset, item_type)
         return None, offset
