@@ -15,7 +15,9 @@ it measures is added to that session copy (a temporary file too), never to the u
 Tiers. Real models come from `specllm.models.store.resolve_model` (the user's verified cache,
 downloading on first use). A failed fetch is an error in the test, never a skip: a real-model test
 that silently skips is a gap, not a pass. Every test that uses a real-model fixture is marked `real`
-here, so `-m "not real"` (the fast tier) never downloads; tiny models carry a generated tokenizer.
+here, so `-m "not real"` never downloads; tiny models carry a generated tokenizer. Tests marked
+`slow` (long generations, large statistical samples, on tiny models) are left out of the fast tier,
+`-m "not real and not slow"`, and run in the full suite.
 The default pair is loaded once per session (`qwen_engine`), shared by the tests that only read it.
 """
 
@@ -46,6 +48,7 @@ COMPACT_VOCAB = 4096  # the generated tokenizer's control tokens, bytes and merg
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "real: uses real GGUF models fetched into the cache (slow)")
+    config.addinivalue_line("markers", "slow: long generations and large statistical samples on tiny models")
     config._specllm_user_files = user_files()
 
 

@@ -26,6 +26,8 @@ from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.fakes import LogitsRecorder
 from tests.logit_noise import tie_tolerance
 
+pytestmark = pytest.mark.slow  # 1200-token generations and context fills: the full suite, not the fast tier
+
 N_CTX = 2048
 FILL_CTX = 1024
 GREEDY = SamplingParams(temperature=0.0)

@@ -199,6 +199,7 @@ def exact_texts(truth: LlamaBackend, prompt: list[int], params: SamplingParams) 
     return texts
 
 
+@pytest.mark.slow
 def test_sampling_under_reuse_follows_the_target_distribution(compact_pair):
     """Temperature > 0, each sample served right after a different request (KV prefix and n-gram
     memory carried over): the texts follow the target's exactly computed distribution. On the
