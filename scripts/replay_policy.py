@@ -9,8 +9,10 @@ how policy changes are compared before `bench` measures them for real.
     python scripts/replay_policy.py replay streams.json [--costs bench.json]
 
 `record` runs plain decoding on the default preset (slow: a few seconds a prompt);
-`replay` prints, per category, the policy's simulated speedup over plain decoding, the
-n-gram oracle bound of `bench` and the share of it reached. The draft model is not replayed.
+`replay` prints, per category, the policy's simulated speedup over plain decoding, with the n-gram
+cache alone, the n-gram oracle bound of `bench`, the two-source oracle and the share of it reached,
+and the draft model alone with the best fixed confidence threshold (the baseline a draft-model policy
+must beat; the oracles know where every draft ends, no policy does).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 OFF_PATH_STEPS = 6  # past a wrong draft token, how far the draft model's own continuation is recorded
 OFF_PATH_FLOOR = 0.05  # ... stopping once its confidence falls below this (no policy drafts on there)
+# The baseline a draft-model policy must beat: the draft model at every step, drafting while its
+# confidence is at least a fixed threshold, the threshold chosen per category with hindsight.
+THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 def record(args) -> None:
@@ -210,6 +215,9 @@ def simulate(data: dict, costs, draft_max: int, use_draft: bool = True, verbose:
             figures["ngram_oracle"] = ngram_oracle_cost(stream["prompt"], stream["tokens"], costs, (2, 4), draft_max) + end_pass
             guesses = record["argmax"] if record else None
             figures["oracle"] = two_source_oracle_cost(stream["prompt"], stream["tokens"], costs, (2, 4), draft_max, guesses) + end_pass
+            if record:
+                for threshold in THRESHOLDS:
+                    figures[f"threshold {threshold}"] = threshold_cost(stream, costs, threshold, draft_max) + end_pass
             totals = by_category.setdefault(stream["category"], {})
             for name, value in figures.items():
                 totals[name] = totals.get(name, 0.0) + value
@@ -224,7 +232,46 @@ def simulate(data: dict, costs, draft_max: int, use_draft: bool = True, verbose:
         for name, value in totals.items():
             everything[name] = everything.get(name, 0.0) + value
     by_category["all"] = everything
+    for totals in by_category.values():  # the threshold that did best in the category, with hindsight
+        chosen = [name for name in totals if name.startswith("threshold ")]
+        if chosen:
+            best = min(chosen, key=totals.get)
+            totals["threshold"], totals["best_threshold"] = totals[best], float(best.split()[1])
     return by_category
+
+
+def threshold_cost(stream: dict, costs, threshold: float, draft_max: int) -> float:
+    """Seconds the draft model alone spends on the recorded text with a fixed stopping rule: at every
+    step it drafts while its confidence is at least `threshold` (the step that shows a lower one is
+    paid too), then the target verifies. It reads the prompt before its first step, and after a
+    fully accepted draft it reads its last drafted token with the target's next one, as `auto` does."""
+    record, generated = stream["draft"], stream["tokens"]
+    confidence, guesses, off_path = record["confidence"], record["argmax"], record["off_path"]
+    start = len(stream["prompt"]) - 1
+    seconds = costs.catch_up(start) if start else 0.0
+    i = 0
+    while i < len(generated):
+        steps, drafted, accepted, wrong = 0, 0, 0, None  # wrong: the draft's own continuation past its first wrong token
+        while drafted < min(draft_max, len(generated) - i - 1):
+            if wrong is None:
+                confident = confidence[i + drafted]
+            else:
+                j = drafted - accepted - 1
+                confident = wrong[j][1] if j < len(wrong) else 0.0
+            steps += 1
+            if confident < threshold:
+                break
+            if wrong is None and guesses[i + drafted] == generated[i + drafted]:
+                accepted += 1
+            elif wrong is None:
+                wrong = off_path.get(str(start + i + drafted), [])
+            drafted += 1
+        else:
+            if drafted and accepted == drafted:
+                seconds += costs.catch_up(2) - costs.draft_seconds
+        seconds += steps * costs.draft_seconds + costs.verify(drafted + 1, start + i)
+        i += accepted + 1
+    return seconds
 
 
 def _vocab(stream, data) -> int:
@@ -292,7 +339,7 @@ def _draft_token_seconds(machine: dict) -> float:
     return 0.0
 
 
-COLUMNS = ("auto", "ngram_only", "ngram_oracle", "oracle")
+COLUMNS = ("auto", "ngram_only", "ngram_oracle", "oracle", "threshold")
 
 
 def replay(args) -> None:
@@ -301,10 +348,11 @@ def replay(args) -> None:
         costs = load_curve(path, args.max_batch)
         print(f"\n{Path(path).name}: one token {costs.verify(1) * 1000:.1f} ms, draft step {costs.draft_seconds / costs.verify(1):.2f}, "
               f"draft reads a token {costs.draft_token_seconds * 1000:.2f} ms")
-        print(f"{'category':16} {'n':>3} {'auto':>7} {'ngram':>7} {'ng-orc':>7} {'oracle':>7} {'share':>6}")
+        print(f"{'category':16} {'n':>3} {'auto':>7} {'ngram':>7} {'ng-orc':>7} {'oracle':>7} {'share':>6} {'thresh':>7} (draft model alone, best fixed confidence threshold)")
         for category, f in sorted(simulate(data, costs, args.max_batch - 1, not args.no_draft, args.verbose).items()):
-            ratios = [f["plain"] / f[c] for c in COLUMNS]
-            print(f"{category:16} {int(f['prompts']):>3} " + " ".join(f"{r:6.3f}x" for r in ratios) + f" {f['oracle'] / f['auto']:6.1%}")
+            ratios = " ".join(f"{f['plain'] / f[c]:6.3f}x" for c in COLUMNS[:4])
+            baseline = f" {f['plain'] / f['threshold']:6.3f}x at {f['best_threshold']:.1f}" if "threshold" in f else ""
+            print(f"{category:16} {int(f['prompts']):>3} {ratios} {f['oracle'] / f['auto']:6.1%}{baseline}")
 
 
 def main() -> None:
