@@ -233,10 +233,9 @@ def simulate(data: dict, costs, draft_max: int, use_draft: bool = True, verbose:
             everything[name] = everything.get(name, 0.0) + value
     by_category["all"] = everything
     for totals in by_category.values():  # the threshold that did best in the category, with hindsight
-        chosen = [name for name in totals if name.startswith("threshold ")]
-        if chosen:
-            best = min(chosen, key=totals.get)
-            totals["threshold"], totals["best_threshold"] = totals[best], float(best.split()[1])
+        if f"threshold {THRESHOLDS[0]}" in totals:
+            best = min(THRESHOLDS, key=lambda threshold: totals[f"threshold {threshold}"])
+            totals["threshold"], totals["best_threshold"] = totals[f"threshold {best}"], best
     return by_category
 
 
@@ -339,7 +338,7 @@ def _draft_token_seconds(machine: dict) -> float:
     return 0.0
 
 
-COLUMNS = ("auto", "ngram_only", "ngram_oracle", "oracle", "threshold")
+COLUMNS = ("auto", "ngram_only", "ngram_oracle", "oracle")
 
 
 def replay(args) -> None:
@@ -350,7 +349,7 @@ def replay(args) -> None:
               f"draft reads a token {costs.draft_token_seconds * 1000:.2f} ms")
         print(f"{'category':16} {'n':>3} {'auto':>7} {'ngram':>7} {'ng-orc':>7} {'oracle':>7} {'share':>6} {'thresh':>7} (draft model alone, best fixed confidence threshold)")
         for category, f in sorted(simulate(data, costs, args.max_batch - 1, not args.no_draft, args.verbose).items()):
-            ratios = " ".join(f"{f['plain'] / f[c]:6.3f}x" for c in COLUMNS[:4])
+            ratios = " ".join(f"{f['plain'] / f[c]:6.3f}x" for c in COLUMNS)
             baseline = f" {f['plain'] / f['threshold']:6.3f}x at {f['best_threshold']:.1f}" if "threshold" in f else ""
             print(f"{category:16} {int(f['prompts']):>3} {ratios} {f['oracle'] / f['auto']:6.1%}{baseline}")
 

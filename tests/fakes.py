@@ -18,9 +18,9 @@ from specllm.engine.sampling import SamplingParams
 
 
 class VirtualClock:
-    """`time` for the engine's modules (the `virtual_clock` fixture) in tests of `auto` on fakes: a
-    pass costs what a cost curve says, so what the policy measures agrees with the curve it plans
-    by (a fake runs in microseconds; against a curve of milliseconds every draft would look lost)."""
+    """`time` for the engine's modules (the `virtual_clock` fixture; the calibration's tests): a pass
+    costs what a cost curve says, so what the policy measures agrees with the curve it plans by (a
+    fake runs in microseconds; against a curve of milliseconds every draft would look lost)."""
 
     def __init__(self):
         self.now = 0.0

@@ -6,18 +6,11 @@ from specllm.backend import LoadOptions
 from specllm.engine import costmodel
 from specllm.engine.costmodel import CostModel, load_costs, measure_costs
 from specllm.session import Engine, ModelPaths, SpecConfig
+from tests.fakes import VirtualClock
 
 
 def _true_cost(k: int) -> float:
     return 0.030 * (1 + 0.3 * (k - 1))
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
 
 
 class TimedBackend:
@@ -26,7 +19,7 @@ class TimedBackend:
 
     n_ctx = 4096
 
-    def __init__(self, clock: Clock, burst=(0.0, 0.0), slowdown: float = 1.0):
+    def __init__(self, clock: VirtualClock, burst=(0.0, 0.0), slowdown: float = 1.0):
         self.clock, self.burst, self.slowdown = clock, burst, slowdown
         self.n_past = 0
 
@@ -55,7 +48,7 @@ def _worst_error(costs: CostModel) -> float:
 
 
 def test_a_quiet_machine_gets_its_curve_and_it_is_steady(monkeypatch):
-    costs = _measure(monkeypatch, TimedBackend(Clock()))
+    costs = _measure(monkeypatch, TimedBackend(VirtualClock()))
     assert _worst_error(costs) < 1e-9 and costs.steady
     assert abs(costs.verify(1) - _true_cost(1)) < 1e-9
 
@@ -64,9 +57,9 @@ def test_a_burst_of_other_work_does_not_become_the_curve(monkeypatch):
     """Other work triples every pass for the first sixth of the calibration, where the old method
     timed one token alone: each batch is priced against the token timed beside it and the median
     round, so the curve stays within 5% of the machine's."""
-    quiet = _measure(monkeypatch, TimedBackend(Clock()))
+    quiet = _measure(monkeypatch, TimedBackend(VirtualClock()))
     length = sum(_true_cost(k) + _true_cost(1) for k in range(2, 33)) * 3  # the three rounds, roughly
-    costs = _measure(monkeypatch, TimedBackend(Clock(), burst=(0.0, length / 6), slowdown=3.0))
+    costs = _measure(monkeypatch, TimedBackend(VirtualClock(), burst=(0.0, length / 6), slowdown=3.0))
     assert _worst_error(costs) < 0.05
     assert abs(costs.verify(1) / quiet.verify(1) - 1) < 0.05
 
@@ -75,7 +68,7 @@ def test_a_machine_busy_through_the_calibration_is_known_to_be(monkeypatch):
     """Other work doubling every pass for the second half of the calibration: the single-token
     timings disagree, so the curve is marked unsteady (and not cached, below)."""
     length = sum(_true_cost(k) + _true_cost(1) for k in range(2, 33)) * 3
-    costs = _measure(monkeypatch, TimedBackend(Clock(), burst=(length / 2, 10 * length), slowdown=2.0))
+    costs = _measure(monkeypatch, TimedBackend(VirtualClock(), burst=(length / 2, 10 * length), slowdown=2.0))
     assert not costs.steady
 
 
