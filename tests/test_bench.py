@@ -15,6 +15,7 @@ from specllm.bench.harness import (
     run_bench,
     summarize,
 )
+from specllm.bench.oracle import copy_lengths, ngram_proposals, told_ngram_cost
 from specllm.bench.workloads import Prompt, load_prompts
 from specllm.cli import app
 from specllm.engine.costmodel import LEARNING_RATE, CostModel, measure_costs
@@ -142,6 +143,25 @@ def test_oracle_drafts_only_the_correct_prefix_that_pays():
     # with a curve where batches cost k times one token, drafting never pays even when correct
     linear = CostModel({1: 0.1, 8: 0.8})
     assert oracle_cost(prompt, generated, linear, (2, 2), max_draft=7) == pytest.approx(4 * 0.1)
+
+
+def test_the_told_policy_drafts_by_its_category_copy_lengths_and_pays_for_what_it_gets_wrong():
+    """An n-gram policy told how far proposals run (by kind and span) drafts the length of most
+    expected tokens a second, and like any policy pays a wrong tail's rows: priced by hand."""
+    prompt = [5, 6, 7, 8, 9, 5, 6]
+    # "5 6" proposes 7 8 9 5 6 (a unique match of the prompt, agreeing span 2); the text goes 7 8 1 2
+    generated = [7, 8, 1, 2]
+    proposals = ngram_proposals(prompt, generated, (2, 2), max_draft=7)
+    assert proposals[0][0].tokens == [7, 8, 9] and proposals[0][1] == 2  # drafts are cut to what the text leaves room for
+    lengths = copy_lengths([proposals], [len(prompt)], max_draft=7)
+    assert lengths[("unique", 2)] == ([1.0, 1.0, 1.0] + [0.0] * 5, 1)  # one proposal, its first two right
+    # told that its first two are right: 3 tokens for verify(3) beats verify(1) and verify(4), then 1 2 by plain passes
+    # (the proposals after 1 and 2 find no match)
+    assert told_ngram_cost(prompt, proposals, lengths, COSTS) == pytest.approx(COSTS.verify(3) + COSTS.verify(1))
+    # told that a proposal's three tokens are right as often as not: it drafts all three and pays a wrong row
+    even = {("unique", 2): ([1.0, 0.5, 0.5, 0.5] + [0.0] * 4, 2)}
+    flat = CostModel({1: 0.1, 8: 0.1 + 7 * 0.001})
+    assert told_ngram_cost(prompt, proposals, even, flat) == pytest.approx(flat.verify(4) + flat.verify(1))
 
 
 def test_a_deeper_context_costs_more_per_batch_token():

@@ -5,12 +5,17 @@ with the text known, the cost of every possible step is known too. `ngram_oracle
 best greedy use of the n-gram cache; `two_source_oracle_cost` the cheapest schedule of plain,
 n-gram and draft-model steps (dynamic programming over positions), with the draft model paying
 for reading the prompt before its first use and every token committed without it afterwards.
+Both know where every draft ends. `told_ngram_cost` does not: it is an n-gram policy told, in
+hindsight, how far proposals of each kind and agreeing span run in the whole category, the most
+that deciding from those features can expect (a reference for the share of the oracles a policy
+can reach, not a bound: a policy that learns within a generation may beat it).
 """
 
 from __future__ import annotations
 
 from specllm.engine.costmodel import CostModel
-from specllm.engine.ngram import NgramCache
+from specllm.engine.ngram import NgramCache, NgramProposal
+from specllm.engine.policy import proposal_kind, span_bucket
 
 INF = float("inf")
 
@@ -22,6 +27,11 @@ def plain_cost(prompt: list[int], generated: list[int], costs: CostModel) -> flo
 
 def ngram_agreement(prompt: list[int], generated: list[int], ngram_sizes, max_draft: int) -> list[tuple[int, int]]:
     """For each position of `generated`: (tokens the n-gram cache proposes there, how many of them are right)."""
+    return [(len(p.tokens) if p is not None else 0, right) for p, right in ngram_proposals(prompt, generated, ngram_sizes, max_draft)]
+
+
+def ngram_proposals(prompt: list[int], generated: list[int], ngram_sizes, max_draft: int) -> list[tuple[NgramProposal | None, int]]:
+    """For each position of `generated`: the n-gram cache's proposal there (or None), and how many of its tokens are right."""
     cache = NgramCache(*ngram_sizes)
     cache.extend(prompt)
     out = []
@@ -33,7 +43,7 @@ def ngram_agreement(prompt: list[int], generated: list[int], ngram_sizes, max_dr
                 if drafted != actual:
                     break
                 right += 1
-        out.append((len(proposal.tokens) if proposal is not None else 0, right))
+        out.append((proposal, right))
         cache.extend(generated[i : i + 1])
     return out
 
@@ -110,3 +120,42 @@ def two_source_oracle_cost(
 def _relax(best, i: int, using: int, value: float) -> None:
     if i < len(best) and value < best[i][using]:
         best[i][using] = value
+
+
+def copy_lengths(proposals: list[list[tuple[NgramProposal | None, int]]], prompt_lengths: list[int], max_draft: int) -> dict:
+    """Over some generations' n-gram proposals (`ngram_proposals` of each, after a prompt of the
+    given length): by (kind, span bucket), the share of proposals whose first j tokens were all
+    right, for j = 0..max_draft (1.0 at j = 0), and how many proposals that is."""
+    counts: dict[tuple[str, int], list] = {}
+    for positions, prompt_length in zip(proposals, prompt_lengths):
+        for proposal, right in positions:
+            if proposal is None or not proposal.tokens:
+                continue
+            key = (proposal_kind(proposal, prompt_length), span_bucket(proposal.span))
+            entry = counts.setdefault(key, [[0] * (max_draft + 1), 0])
+            for j in range(right + 1):
+                entry[0][j] += 1
+            entry[1] += 1
+    return {key: ([c / n for c in survived], n) for key, (survived, n) in counts.items()}
+
+
+def told_ngram_cost(prompt: list[int], proposals: list[tuple[NgramProposal | None, int]], lengths: dict, costs: CostModel) -> float:
+    """Seconds on one generation for an n-gram policy that knows `lengths` (`copy_lengths` of its
+    category): at each step it drafts the prefix of the proposal that commits the most tokens a
+    second in expectation (plain decoding when none beats it), and commits what was right and one more."""
+    i, spent = 0, 0.0
+    n = len(proposals)
+    while i < n:
+        context = len(prompt) - 1 + i
+        proposal, right = proposals[i]
+        best_k, best = 0, 1.0 / costs.verify(1, context)
+        if proposal is not None and proposal.tokens:
+            survived = lengths[(proposal_kind(proposal, len(prompt)), span_bucket(proposal.span))][0]
+            expected = 1.0
+            for k in range(1, min(len(proposal.tokens), n - i - 1, len(survived) - 1) + 1):
+                expected += survived[k]
+                if expected / costs.verify(k + 1, context) > best:
+                    best_k, best = k, expected / costs.verify(k + 1, context)
+        spent += costs.verify(best_k + 1, context)
+        i += min(best_k, right) + 1
+    return spent

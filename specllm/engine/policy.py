@@ -220,8 +220,8 @@ class CostAwarePolicy:
 
     def ngram_keys(self, proposal: NgramProposal, k: int) -> list[Beta]:
         """The estimate behind each of k drafted tokens: the first token's, then the continuation's by depth."""
-        kind = _kind(proposal, self.output_start)
-        first_key = (kind, _span_bucket(proposal.span), self.last_full)
+        kind = proposal_kind(proposal, self.output_start)
+        first_key = (kind, span_bucket(proposal.span), self.last_full)
         if first_key not in self.first:
             if kind == "mixed":
                 prior = priors.MIXED_PRIOR
@@ -364,7 +364,7 @@ class CostAwarePolicy:
         self.model_net -= seconds
 
 
-def _span_bucket(span: int) -> int:
+def span_bucket(span: int) -> int:
     """Spans of 2, 3, 4, 5-7, 8-15 and 16+ tokens are learned apart."""
     for edge in (16, 8, 5):
         if span >= edge:
@@ -380,7 +380,7 @@ def _depth_bucket(depth: int) -> int:
     return 0
 
 
-def _kind(proposal: NgramProposal, output_start: int | None) -> str:
+def proposal_kind(proposal: NgramProposal, output_start: int | None) -> str:
     """mixed: the n-gram was followed by different tokens before; own: it copies this generation's
     output; unique: the n-gram occurred once before; agreed: every occurrence had the same next token."""
     if proposal.seen > 1 and not proposal.consistent:
