@@ -16,7 +16,7 @@ from specllm.engine.decode import (
     generate_plain,
 )
 from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
-from specllm.engine.policy import CostAwarePolicy
+from specllm.engine.policy import CostAwarePolicy, Plan
 from specllm.engine.sampling import SamplingParams, warp
 from specllm.engine.stats import Stats
 from tests.fakes import FakeBackend
@@ -200,3 +200,51 @@ def test_step_events_account_for_every_token():
     assert all(0 <= s.accepted <= s.drafted for s in steps)
     assert target.evaluations[0] == len(PROMPT) - 1  # the prefill, then one target pass per step
     assert target.evaluations[1:] == [s.drafted + 1 for s in steps]
+
+
+class _NgramThenModel(CostAwarePolicy):
+    """Every step with an n-gram proposal drafts its first token and lets the draft model go on
+    after it for up to two more: the mixed draft, whatever it is worth."""
+
+    def plan(self, proposal, pending):
+        if proposal is None:
+            return Plan(None)
+        return Plan("ngram", tuple(self.ngram_keys(proposal, 1)), draft_tokens=2, then_model=True)
+
+    def worth_including(self, acceptance, next_acceptance):
+        return True
+
+    def worth_looking_further(self, acceptance):
+        return True
+
+
+def test_an_ngram_draft_the_draft_model_continues_keeps_the_target_distribution(virtual_clock):
+    """One verification over a copied token (one-hot q) and the draft model's tokens after it (their
+    own q rows): the sequences follow the target's distribution, with drafts accepted and rejected."""
+    v, length = 5, 3
+    prompt = [1, 2, 1, 2, 1]
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    expected = _exact_distribution(0, prompt, length, params, v)
+    rng = np.random.default_rng(12)
+    samples, outcomes = [], Counter()
+    for _ in range(SAMPLES):
+        draft = FakeBackend(n_vocab=v, seed=1, clock=virtual_clock, pass_seconds=AUTO_COSTS.catch_up)
+        drafter = AutoDrafter(NgramDrafter(1, 3), ModelDrafter(draft, 0.0), _NgramThenModel(AUTO_COSTS.copy(), has_draft_model=True))
+        decoder = Decoder(_target(v, clock=virtual_clock), drafter, fixed_budget(3))
+        for event in decoder.generate(prompt, length, params, rng):
+            if isinstance(event, StepDone) and event.source == "ngram" and event.drafted > 1:  # the model drafted after the copy
+                outcomes["copy accepted" if event.accepted >= 1 else "copy rejected"] += 1
+                outcomes["all accepted" if event.accepted == event.drafted else "rejected"] += 1
+            elif isinstance(event, Done):
+                samples.append(tuple(event.tokens))
+    assert min(outcomes[o] for o in ("copy accepted", "copy rejected", "all accepted", "rejected")) >= 100, outcomes
+    assert chi_square_pvalue(samples, expected) > 1e-4
+
+
+def test_an_ngram_draft_the_draft_model_continues_is_greedy_text_unchanged(virtual_clock):
+    reference = generate_plain(FakeBackend(seed=0), PROMPT, 40, GREEDY, np.random.default_rng(0))
+    draft = FakeBackend(seed=1, clock=virtual_clock, pass_seconds=AUTO_COSTS.catch_up)
+    drafter = AutoDrafter(NgramDrafter(1, 3), ModelDrafter(draft, 0.0), _NgramThenModel(AUTO_COSTS.copy(), has_draft_model=True))
+    done, events = _run(Decoder(_target(8, clock=virtual_clock), drafter, fixed_budget(8)), PROMPT, 40, GREEDY)
+    assert done.tokens == reference
+    assert any(isinstance(e, StepDone) and e.source == "ngram" and e.drafted > 1 and e.model_seconds > 0 for e in events)

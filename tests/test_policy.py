@@ -269,3 +269,40 @@ def test_a_long_prompt_is_read_only_once_the_generation_shows_it_is_long():
             break
         policy.observe(None, 0, 0, FLAT.verify(1), [])
     assert first_use is not None and 10 <= first_use < 100
+
+
+# Shaped like ../shared/machines/gpu-rtx3090-32b-estimated.json: a 32B target whose batches are nearly
+# flat, a 0.5B draft step 0.09 of its pass.
+BIG_FLAT = CostModel({k: 0.0294 * (1 + 0.01 * (k - 1)) for k in (1, 2, 4, 8, 16, 32)}, draft_seconds=0.0026, draft_token_seconds=0.0001)
+
+
+def _in_use(policy, drafts=4, accepted=8):
+    """The draft model consulted at the first step, then `drafts` drafts of 8 with `accepted` accepted."""
+    _start(policy, prompt_length=30)
+    assert policy.plan(None, pending=30).source == "draft"
+    policy.observe_model_use(30)
+    for step in range(drafts):
+        policy.observe("draft", 8, accepted, 8 * BIG_FLAT.draft_seconds + BIG_FLAT.verify(9), [], model_drafted=8)
+        policy.at_step(30 + 9 * (step + 1), 120 - 9 * step)
+
+
+def test_while_the_draft_model_is_in_use_both_sources_are_weighed_by_the_same_worth():
+    """With a good draft model in use, a match that has been followed by different tokens before
+    (a guess among several) loses to it; a copy in progress of text the generation keeps copying
+    wins; and a short sure copy is continued by the draft model in the same batch."""
+    policy = CostAwarePolicy(BIG_FLAT.copy(), draft_max=31, has_draft_model=True)
+    _in_use(policy)
+    assert policy.plan(_proposal(3, seen=3, consistent=False), pending=1).source == "draft"
+    _feed(policy, "ngram", 16, 16, BIG_FLAT.verify(17), span=32, rounds=6)
+    copy = policy.plan(_proposal(32), pending=1)
+    assert copy.source == "ngram" and len(copy.ngram_keys) >= 16
+    short = policy.plan(_proposal(32, available=2), pending=1)
+    assert short.source == "ngram" and len(short.ngram_keys) == 2 and short.then_model and short.draft_tokens > 0
+
+
+def test_a_draft_model_that_drafts_poorly_leaves_the_choice_to_the_ngram_cache():
+    policy = CostAwarePolicy(BIG_FLAT.copy(), draft_max=31, has_draft_model=True)
+    _in_use(policy, drafts=3, accepted=1)
+    _feed(policy, "ngram", 16, 16, BIG_FLAT.verify(17), span=32, rounds=6)
+    plan = policy.plan(_proposal(32), pending=1)
+    assert plan.source == "ngram" and not plan.then_model

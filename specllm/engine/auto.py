@@ -22,19 +22,21 @@ class AutoDrafter:
         self._keys: list[Beta] = []  # the estimate behind each drafted token, updated when the outcome is known
         self._copy = None  # an n-gram continuation the draft model ran into while drafting
         self._model_drafted = 0  # tokens the draft model wrote in the last draft (a copy may follow them)
+        self._model_from = 0  # where they begin in it: after the n-gram tokens it continued, else 0
         self._declined = None  # an n-gram proposal not drafted: (history length then, its tokens, their estimates)
 
     def propose(self, history, max_tokens, params, rng) -> Draft | None:
         self.ngram.commit(history)
         self._learn_from_declined(history)
         self.policy.at_step(len(history) - 1, max_tokens + 1)  # the target's cache holds all but the last token
-        self._keys = []
+        self._keys, self._model_drafted, self._model_from = [], 0, 0
         proposal = self.ngram.proposal(min(max_tokens, self.policy.draft_max))
         pending = self.model.pending(history) if self.model is not None and self.policy.model_in_play else 0
         plan = self.policy.plan(proposal, pending)
         if plan.source == "ngram":
             self._keys = list(plan.ngram_keys)
-            return Draft(proposal.tokens[: len(self._keys)], None, "ngram", proposal.span)
+            copy = Draft(proposal.tokens[: len(self._keys)], None, "ngram", proposal.span)
+            return self._continue_with_model(copy, history, min(max_tokens, len(copy.tokens) + plan.draft_tokens), params, rng) if plan.then_model else copy
         if proposal is not None:  # scored by what this step commits: one token, unless the draft model drafts
             scored = len(proposal.tokens) if plan.source == "draft" else 1
             self._declined = (len(history), proposal.tokens, self.policy.ngram_keys(proposal, scored))
@@ -51,8 +53,27 @@ class AutoDrafter:
         self._declined = None
         self.policy.observe_declined(keys, tokens, history[start:])
 
-    def _propose_from_model(self, history, max_tokens, params, rng) -> Draft | None:
-        acceptance: list[float] = []
+    def _continue_with_model(self, copy: Draft, history, max_tokens, params, rng) -> Draft:
+        """The n-gram draft, then what the draft model drafts after it (it reads the copy with the
+        committed tokens it has not seen, in one batch): one verification for both."""
+        n = len(copy.tokens)
+        if max_tokens <= n:
+            return copy
+        extension = self._propose_from_model(history + copy.tokens, max_tokens - n, params, rng, after=[key.mean for key in self._keys])
+        if not extension.tokens:
+            return replace(copy, model_seconds=extension.model_seconds)
+        self._model_from = n
+        q_draft = extension.q_draft
+        if q_draft is not None:  # the copy's rows are one-hot: an n-gram draft is exact
+            rows = np.zeros((n, q_draft.shape[1]), dtype=q_draft.dtype)
+            rows[np.arange(n), copy.tokens] = 1.0
+            q_draft = np.vstack([rows, q_draft])
+        return replace(copy, tokens=copy.tokens + extension.tokens, q_draft=q_draft, model_seconds=extension.model_seconds)
+
+    def _propose_from_model(self, history, max_tokens, params, rng, after: list[float] = ()) -> Draft | None:
+        """The draft model's draft after `history` (which may end in an n-gram draft whose tokens'
+        estimates are `after`: they count in what each further token is worth)."""
+        acceptance: list[float] = list(after)
 
         def keep_going(confidence: float) -> bool:
             estimate = self.policy.confidence_estimate(confidence)
@@ -123,4 +144,6 @@ class AutoDrafter:
         if draft.source == "draft" and self._model_drafted > 1 and self.model.caught_up == 1:
             costs.observe_draft(draft.model_seconds / self._model_drafted)  # steps only: no catch-up in it
         source = draft.source if draft.tokens else None
-        self.policy.observe(source, len(draft.tokens), accepted, draft_seconds + verify_seconds, self._keys, self._model_drafted)
+        self.policy.observe(
+            source, len(draft.tokens), accepted, draft_seconds + verify_seconds, self._keys, self._model_drafted, self._model_from, draft.model_seconds
+        )

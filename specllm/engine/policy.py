@@ -2,9 +2,12 @@
 model, or not at all, and how much.
 
 One rule for both sources: a step is worth  E[tokens committed] - R * E[seconds]  where R is the
-running throughput (tokens per second). The n-gram proposal's best prefix is drafted when it is
-worth more than plain decoding by a margin (it costs no drafting time, and only drafting it shows
-whether the text is being copied); else the draft model when it is, by its own margin. Seconds
+running throughput (tokens per second). Until the draft model is in use, the n-gram proposal's best
+prefix is drafted when it is worth more than plain decoding by a margin (it costs no drafting time,
+and only drafting it shows whether the text is being copied); else the draft model when it is, by
+its own margin. Once the draft model is in use, every step weighs all four by that worth: plain
+decoding, an n-gram prefix, the draft model, and an n-gram prefix the draft model continues in the
+same batch (its catch-up is being paid anyway, and a one-hot copy is exact). Seconds
 come from the measured cost curve (`CostModel`: a target pass over k tokens at this context, a
 draft-model step, the draft model reading committed tokens). Acceptance is learned during the
 generation (`Beta` estimates with the priors of `priors.py`):
@@ -67,11 +70,12 @@ class Beta:
 @dataclass(frozen=True)
 class Plan:
     """What to draft at this step: the source, the estimates behind each n-gram token, the most
-    tokens the draft model may draft."""
+    tokens the draft model may draft (after the n-gram tokens, when `then_model`)."""
 
     source: str | None  # "ngram", "draft" or None (plain decoding)
     ngram_keys: tuple[Beta, ...] = ()
     draft_tokens: int = 0
+    then_model: bool = False  # an n-gram draft the draft model continues
 
 
 class CostAwarePolicy:
@@ -126,6 +130,8 @@ class CostAwarePolicy:
         keep_model = self._keep_model(pending, best_k)
         # While the draft model stays in use, every token committed without it must be read later.
         owed = (self.costs.draft_token_seconds or self.costs.draft_seconds) if keep_model else 0.0
+        if keep_model and self.model_state == ACTIVE:
+            return self._with_model(self._ngram_bet(proposal) if proposal is not None and proposal.tokens else [], owed)
         keys = self.ngram_draft(proposal) if proposal is not None and proposal.tokens else []
         survive, committed = 1.0, 1.0
         for key in keys:
@@ -141,6 +147,45 @@ class CostAwarePolicy:
         if keep_model and best_k and best_model > plain + priors.MODEL_MARGIN:
             return Plan("draft", draft_tokens=min(self.draft_max, self.tokens_left - 1))
         return Plan(None)
+
+    def _with_model(self, keys: list[Beta], owed: float) -> Plan:
+        """While the draft model is in use, every choice by the same worth: plain decoding, a prefix
+        of the n-gram proposal (estimates `keys`), the draft model after such a prefix (it reads the
+        prefix in the batch it reads committed tokens in), or the draft model alone; each beyond
+        plain decoding by its margin (the n-gram's alone, the draft model's where it drafts)."""
+        rate, room = self.target_rate(), min(self.draft_max, self.tokens_left - 1)
+        if room < 1:
+            return Plan(None)
+        per_token = self.costs.draft_token_seconds or self.costs.draft_seconds
+        verify = np.array([self.cost(n) for n in range(room + 2)])
+        # Against an n-gram draft, the draft model counts at its learned acceptance: the optimism
+        # that keeps it consulted while its losses stay within budget would outbid sure copies.
+        alpha = self.draft_acceptance.mean if keys else self._model_acceptance()
+        k = np.arange(1, room + 1)
+        model_tokens = alpha * (1 - alpha**k) / (1 - alpha) if alpha < 1 else k.astype(float)  # accepted, of k, after an accepted prefix
+        survive = np.cumprod([1.0] + [key.mean for key in keys[:room]])  # the n-gram prefix of j tokens all accepted, j = 0..
+        committed = np.cumsum(survive)  # expected tokens it commits (the target's own included)
+        j = np.arange(len(survive))
+        alone = committed[1:] - rate * (verify[j[1:] + 1] + owed * committed[1:]) - priors.MARGIN
+        fits = j[:, None] + k[None, :] <= room
+        size = np.minimum(j[:, None] + k[None, :] + 1, room + 1)
+        seconds = verify[size] + k[None, :] * self.costs.draft_seconds + j[:, None] * per_token
+        then_model = np.where(fits, committed[:, None] + survive[:, None] * model_tokens[None, :] - rate * seconds, -np.inf)
+        then_model -= priors.MODEL_MARGIN
+        plain = 1.0 - rate * (verify[1] + owed)
+        best_alone = int(np.argmax(alone)) if len(alone) else -1
+        prefix, length = np.unravel_index(int(np.argmax(then_model)), then_model.shape)
+        if then_model[prefix, length] > plain and (best_alone < 0 or then_model[prefix, length] >= alone[best_alone]):
+            if prefix == 0:
+                return Plan("draft", draft_tokens=room)
+            return Plan("ngram", tuple(keys[:prefix]), room - int(prefix), then_model=True)
+        if best_alone >= 0 and alone[best_alone] > plain:
+            return Plan("ngram", tuple(keys[: best_alone + 1]))
+        return Plan(None)
+
+    def _ngram_bet(self, proposal: NgramProposal) -> list[Beta]:
+        """The estimates behind as many of the proposal's tokens as a bet may risk."""
+        return self.ngram_keys(proposal, min(len(proposal.tokens), self.draft_max, self._bet_cap(proposal.span)))
 
     @property
     def model_in_play(self) -> bool:
@@ -242,7 +287,7 @@ class CostAwarePolicy:
 
     def ngram_draft(self, proposal: NgramProposal) -> list[Beta]:
         """The estimates behind the proposal's tokens worth drafting: as many as pay (none: draft nothing)."""
-        keys = self.ngram_keys(proposal, min(len(proposal.tokens), self.draft_max, self._bet_cap(proposal.span)))
+        keys = self._ngram_bet(proposal)
         return keys[: self.best_length([estimate.mean for estimate in keys], 0.0)]
 
     def _bet_cap(self, span: int) -> int:
@@ -321,11 +366,21 @@ class CostAwarePolicy:
     # -- learning -------------------------------------------------------------------------
 
     def observe(
-        self, source: str | None, drafted: int, accepted: int, seconds: float, keys: list[Beta], model_drafted: int | None = None
+        self,
+        source: str | None,
+        drafted: int,
+        accepted: int,
+        seconds: float,
+        keys: list[Beta],
+        model_drafted: int | None = None,
+        model_from: int = 0,
+        model_seconds: float = 0.0,
     ) -> None:
         """One verified step (`seconds`: drafting and verifying): acceptance (censored), throughput,
-        and, for a draft-model step, its estimates and what it saved against plain decoding
-        (`model_drafted`: how many of the drafted tokens the model wrote, before a copy appended to them)."""
+        and, for the draft model's tokens, its estimates and what it saved against plain decoding.
+        The model wrote `model_drafted` of the drafted tokens (default: all of a "draft" step), from
+        position `model_from` on (after an n-gram draft it continued, in `model_seconds`); a copy it
+        ran into may follow them."""
         for i, estimate in enumerate(keys[: accepted + 1]):
             estimate.observe(i < accepted, i == accepted and accepted < drafted)
         committed = accepted + 1
@@ -333,17 +388,22 @@ class CostAwarePolicy:
         if drafted:
             self.last_full = accepted == drafted
         if source == "ngram" and drafted:
-            self.ngram_committed += committed
+            copied = min(committed, model_from) if model_from else committed  # the n-gram part's tokens
+            self.ngram_committed += copied
             self.first_pool.observe(accepted > 0, accepted == 0)
-            self.ngram_gain += committed * self.cost(1) - seconds
+            self.ngram_gain += copied * self.cost(1) - (seconds - model_seconds)
         plain_rate = 1.0 / self.cost(1)
         if seconds > 0:
             self.throughput += priors.THROUGHPUT_DECAY * (committed / seconds - self.throughput)
             self.throughput = max(self.throughput, plain_rate)  # never aim below plain decoding
+        own = (drafted if source == "draft" else 0) if model_drafted is None else model_drafted
+        if own and accepted >= model_from:  # the model's tokens were reached
+            model_accepted = min(accepted - model_from, own)
+            self.draft_acceptance.observe(model_accepted, model_accepted < own)
         if source == "draft":
-            own = drafted if model_drafted is None else model_drafted
-            self.draft_acceptance.observe(min(accepted, own), accepted < own)
             self.model_net += committed * self.cost(1) - seconds
+        elif model_drafted is not None and model_from:
+            self.model_net += min(max(accepted - model_from, 0), model_drafted) * self.cost(1) - model_seconds
 
     def observe_declined(self, keys: list[Beta], proposed: list[int], committed: list[int]) -> None:
         """An n-gram proposal (estimates `keys`) was not drafted and the step committed `committed`:
