@@ -64,6 +64,35 @@ def test_a_burst_of_other_work_does_not_become_the_curve(monkeypatch):
     assert abs(costs.verify(1) / quiet.verify(1) - 1) < 0.05
 
 
+class DippedBackend(TimedBackend):
+    """Batches of 16 cost 15% less than the trend (a size the kernels favour: always), and the
+    first three passes of 22 cost 30% less (a lucky draw: every later one costs the trend)."""
+
+    def __init__(self, clock: VirtualClock):
+        super().__init__(clock)
+        self.passes_of_22 = 0
+
+    def evaluate(self, tokens, rows) -> np.ndarray:
+        started = self.clock.now
+        out = super().evaluate(tokens, rows)
+        if rows and len(tokens) in (16, 22):
+            lucky = len(tokens) == 16 or self.passes_of_22 < 3
+            self.passes_of_22 += len(tokens) == 22
+            if lucky:
+                self.clock.now = started + (self.clock.now - started) * (0.85 if len(tokens) == 16 else 0.7)
+        return out
+
+
+def test_a_size_that_timed_cheap_by_chance_is_timed_again_and_a_favoured_one_stays_cheap(monkeypatch):
+    """The policy drafts to whichever size looks cheapest: a low median drawn by chance (22) must not
+    become the curve, while a size that is cheap every time (16) keeps its place below its neighbours."""
+    costs = _measure(monkeypatch, DippedBackend(VirtualClock()))
+    one = costs.verify(1)
+    assert abs(costs.verify(22) / one - _true_cost(22) / _true_cost(1)) < 0.01 * _true_cost(22) / _true_cost(1)
+    assert costs.verify(16) < 0.9 * min(costs.verify(15), costs.verify(17))
+    assert abs(costs.verify(16) / one - 0.85 * _true_cost(16) / _true_cost(1)) < 0.01
+
+
 def test_a_machine_busy_through_the_calibration_is_known_to_be(monkeypatch):
     """Other work doubling every pass for the second half of the calibration: the single-token
     timings disagree, so the curve is marked unsteady (and not cached, below)."""
