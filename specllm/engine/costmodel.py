@@ -204,7 +204,7 @@ def _confirm_dips(target, filler: list[int], batch: list[int], ratios: dict[int,
     medians = {k: float(np.median(r)) for k, r in ratios.items()}
     dips = [k for k in medians if k - 1 in medians and k + 1 in medians and medians[k] < min(medians[k - 1], medians[k + 1])]
     suspects = sorted({j for k in dips for j in (k - 1, k, k + 1)})
-    for _ in range(DIP_ROUNDS if suspects else 0):
+    for _ in range(DIP_ROUNDS):
         for k in suspects:
             one = _time_batch(target, filler, batch[:1])
             ones.append(one)
