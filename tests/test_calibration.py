@@ -75,12 +75,18 @@ class DippedBackend(TimedBackend):
     def evaluate(self, tokens, rows) -> np.ndarray:
         started = self.clock.now
         out = super().evaluate(tokens, rows)
-        if rows and len(tokens) in (16, 22):
-            lucky = len(tokens) == 16 or self.passes_of_22 < 3
-            self.passes_of_22 += len(tokens) == 22
-            if lucky:
-                self.clock.now = started + (self.clock.now - started) * (0.85 if len(tokens) == 16 else 0.7)
+        if rows:
+            self.clock.now = started + (self.clock.now - started) * self._share(len(tokens))
         return out
+
+    def _share(self, k: int) -> float:
+        """What a timed pass of k tokens costs against the trend."""
+        if k == 16:
+            return 0.85
+        if k == 22:
+            self.passes_of_22 += 1
+            return 0.7 if self.passes_of_22 <= 3 else 1.0
+        return 1.0
 
 
 def test_a_size_that_timed_cheap_by_chance_is_timed_again_and_a_favoured_one_stays_cheap(monkeypatch):

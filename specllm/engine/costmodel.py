@@ -135,7 +135,7 @@ JITTER_SECONDS = 0.002  # passes shorter than this vary with the scheduler, not 
 # edits at 1.40x where the same curve replayed 1.62x. 16 and 32 stayed cheaper than their
 # neighbours in those rounds too: sizes the kernels favour, which the extra rounds keep.
 DIP_ROUNDS = 4
-CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},paired-rounds={CALIBRATION_ROUNDS},every-size,context-median,draft-batch,dips+{DIP_ROUNDS}"  # part of the cache key: a new method measures again
+CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},paired-rounds={CALIBRATION_ROUNDS},every-size,context-median,draft-batch,dips+{DIP_ROUNDS},largest"  # part of the cache key: a new method measures again
 
 
 def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBRATION_DEPTH, repeats: int = CALIBRATION_ROUNDS) -> CostModel:
@@ -198,12 +198,13 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
 
 
 def _confirm_dips(target, filler: list[int], batch: list[int], ratios: dict[int, list[float]], ones: list[float]) -> None:
-    """Time each size that looks cheaper than both its neighbours, and the neighbours, DIP_ROUNDS
+    """Time each size that looks cheaper than its neighbours, and the neighbours, DIP_ROUNDS
     more rounds (each beside one token, as before): a dip drawn by chance is outvoted, a size the
     kernels favour stays cheap."""
     medians = {k: float(np.median(r)) for k, r in ratios.items()}
-    dips = [k for k in medians if k - 1 in medians and k + 1 in medians and medians[k] < min(medians[k - 1], medians[k + 1])]
-    suspects = sorted({j for k in dips for j in (k - 1, k, k + 1)})
+    # The largest size has one neighbour, and long copies draft to it most: it is judged against that one.
+    dips = [k for k in medians if k - 1 in medians and medians[k] < min(medians[k - 1], medians.get(k + 1, float("inf")))]
+    suspects = sorted({j for k in dips for j in (k - 1, k, k + 1) if j in medians})
     for _ in range(DIP_ROUNDS):
         for k in suspects:
             one = _time_batch(target, filler, batch[:1])
