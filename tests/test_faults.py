@@ -2,7 +2,7 @@
 
 Downloads: interrupted (then a rerun starts over cleanly), wrong bytes, a hanging source (bounded,
 then the next one), a full disk, offline with nothing cached. Output: a closed pipe, a full disk
-under `bench --json/--plot`, SIGTERM and Ctrl-C during `run` (real processes), Ctrl-C during `bench`.
+under `bench --json/--plot`, SIGTERM and Ctrl-C during `run` (real processes) and during `bench`.
 A closed pipe, stdout on a full disk and signals run a real `specllm` process; the rest go through
 the same entry point in this process (tests/cli_helpers.py).
 In every case: what was written stays, the cache holds no partial file, one `Error:` line at most.
@@ -325,8 +325,10 @@ def test_bench_plot_on_a_full_disk_is_one_error(tiny_pair, monkeypatch, isolated
     assert "specllm bench" in captured.out
 
 
-def test_ctrl_c_during_bench_writes_partial_results(tiny_pair, monkeypatch, tmp_path, isolated, capsys):
-    """A real SIGINT while bench is between its third and fourth run.
+@pytest.mark.parametrize("sig, code, said, ended", [(signal.SIGINT, 130, "interrupted", "Interrupted."), (signal.SIGTERM, 143, "terminated", "Terminated.")], ids=["ctrl-c", "sigterm"])
+def test_signal_during_bench_writes_partial_results(tiny_pair, monkeypatch, tmp_path, isolated, capsys, sig, code, said, ended):
+    """A real SIGINT (or SIGTERM, which specllm's entry point handles itself) while bench is between
+    its third and fourth run.
 
     Python turns SIGINT into KeyboardInterrupt only where SIGINT was not ignored at startup, and a
     process started in the background by a non-interactive shell (`pytest &`, some CI runners)
@@ -341,21 +343,21 @@ def test_ctrl_c_during_bench_writes_partial_results(tiny_pair, monkeypatch, tmp_
         for n, run in enumerate(real_run_bench(engine, workload, settings), 1):
             yield run
             if n == 3:
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # a real Ctrl-C
+                signal.pthread_kill(threading.main_thread().ident, sig)  # a real Ctrl-C or kill
                 for _ in range(100):  # the handler runs at the next bytecode: this loop never ends normally
                     time.sleep(0.05)
-                pytest.fail("SIGINT did not interrupt bench within 5 s")
+                pytest.fail(f"{sig.name} did not interrupt bench within 5 s")
 
     monkeypatch.setattr(bench_cmd, "run_bench", interrupted_after_three_runs)
     report = tmp_path / "bench.json"
     try:
-        code = run_main([*BENCH, "-m", str(tiny_pair[0]), "--json", str(report)])
+        exit_code = run_main([*BENCH, "-m", str(tiny_pair[0]), "--json", str(report)])
     finally:
         signal.signal(signal.SIGINT, previous)
     captured = capsys.readouterr()
-    assert code == 130, captured.err
-    assert "interrupted: reporting the 3 of 8 runs that finished (partial)" in captured.err
-    assert captured.err.rstrip().endswith("Interrupted.")
+    assert exit_code == code, captured.err
+    assert f"{said}: reporting the 3 of 8 runs that finished (partial)" in captured.err
+    assert captured.err.rstrip().endswith(ended)
     data = json.loads(report.read_text())
     assert data["partial"] is True
     assert len(data["runs"]) == 2 and {r["strategy"] for r in data["runs"]} == {"off", "ngram"}  # the complete prompt

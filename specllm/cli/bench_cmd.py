@@ -19,6 +19,7 @@ from specllm.bench.workloads import load_prompts
 from specllm.cli import common as c
 from specllm.cli import options as o
 from specllm.cli.app import app
+from specllm.cli.interrupt import Terminated
 from specllm.errors import SpecllmError, UsageError
 from specllm.session import STRATEGIES, SpecConfig
 
@@ -65,7 +66,8 @@ def bench(
         c.warn("no draft model: skipping the draft and ngram+draft strategies")
     costs = c.cost_curve(engine)
     settings = BenchSettings(chosen, max_tokens, params, seed, repeats, warm)
-    runs, partial = _collect(engine, workload, settings)
+    runs, stopped = _collect(engine, workload, settings)
+    partial = stopped is not None
     rows = summarize(runs, costs, params.greedy, (ngram_min, ngram_max))
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     out.print(_table(rows))
@@ -76,8 +78,8 @@ def bench(
         _write(json_file, json.dumps(report, indent=1))
     if plot is not None:
         _plot(rows, plot)
-    if partial:
-        raise KeyboardInterrupt
+    if stopped is not None:
+        raise stopped  # exit 130 or 143, once the partial results are out
 
 
 def _strategies(text: str) -> list[str]:
@@ -93,7 +95,8 @@ def _split(text: str | None) -> list[str] | None:
 
 
 def _collect(engine, workload, settings):
-    """Run everything with a progress bar; Ctrl-C keeps what finished and marks it partial."""
+    """Run everything with a progress bar. Ctrl-C or SIGTERM keeps what finished, marked partial:
+    the runs, and the signal's exception (None when all finished) to raise once they are reported."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     total = len(workload) * len(settings.strategies) * settings.repeats
@@ -105,10 +108,11 @@ def _collect(engine, workload, settings):
             for run in run_bench(engine, workload, settings):
                 runs.append(run)
                 bar.update(task, advance=1, description=f"{run.prompt.category} {run.strategy} {run.stats.tok_per_s:.1f} tok/s")
-        except KeyboardInterrupt:
-            c.stderr.print(f"interrupted: reporting the {len(runs)} of {total} runs that finished (partial)")
-            return _complete_prompts(runs), True
-    return runs, False
+        except (KeyboardInterrupt, Terminated) as stop:
+            said = "terminated" if isinstance(stop, Terminated) else "interrupted"
+            c.stderr.print(f"{said}: reporting the {len(runs)} of {total} runs that finished (partial)")
+            return _complete_prompts(runs), stop
+    return runs, None
 
 
 def _complete_prompts(runs):
