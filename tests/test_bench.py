@@ -182,6 +182,23 @@ def test_step_timings_are_read_back_at_the_calibration_depth():
     assert costs.batch_seconds[32] == pytest.approx(0.45 + LEARNING_RATE * 0.1)
 
 
+def test_one_token_running_slower_than_measured_slows_every_cost_alike():
+    """Other work slowing the machine by 20% slows every pass: a batch must not look cheaper beside
+    one token (which would make drafts that cannot pay look worth it), nor the draft model."""
+    measured = CostModel({1: 0.03, 2: 0.05, 16: 0.25, 32: 0.45}, draft_seconds=0.015, depth=256, context_seconds=6e-6, draft_token_seconds=0.003)
+    costs = measured.copy()
+    for _ in range(60):
+        costs.observe_verify(1, 1.2 * measured.verify(1, 512), context=512)
+    assert costs.verify(1, 512) == pytest.approx(1.2 * measured.verify(1, 512), rel=1e-3)
+    for k in (2, 8, 16, 32):
+        assert costs.verify(k, 512) / costs.verify(1, 512) == pytest.approx(measured.verify(k, 512) / measured.verify(1, 512))
+    assert costs.draft_seconds == pytest.approx(1.2 * measured.draft_seconds, rel=1e-3)
+    assert costs.catch_up(100) == pytest.approx(1.2 * measured.catch_up(100), rel=1e-3)
+    # a batch that then runs slower still than that teaches its own size, at the speed learned
+    costs.observe_verify(16, costs.verify(16, 512) + 0.05, context=512)
+    assert costs.verify(16, 512) == pytest.approx(1.2 * measured.verify(16, 512) + LEARNING_RATE * 0.05, rel=1e-3)
+
+
 def test_plain_and_oracle_costs_grow_with_the_context():
     prompt, generated = [5, 6, 7, 8, 9, 5, 6], [7, 8, 1, 2]
     deep = CostModel(dict(COSTS.batch_seconds), depth=0, context_seconds=1e-3)

@@ -75,11 +75,29 @@ class CostModel:
         return self.verify(k) / self.verify(1)
 
     def observe_verify(self, k: int, seconds: float, context: int | None = None) -> None:
-        """Fold a real step's timing (after `context` cached tokens) into the estimate for its batch size."""
-        if k in self.batch_seconds:
+        """Fold a real step's timing (after `context` cached tokens) into the estimate for its batch size.
+
+        One token's passes, the commonest, tell how fast the machine runs now: other work on it slows
+        every pass alike, so they rescale the whole model (every size and the draft model) rather
+        than one token's cost alone. Were one token learned apart, a machine slowed by 10% would
+        make every batch look 10% cheaper beside it, and drafts that cannot pay would be chosen
+        (seen live: `auto` drafted more, and lost, in the runs where plain decoding was slowest).
+        Other sizes learn their own cost at that speed."""
+        if k == 1:
+            expected = self.verify(1, context)
+            if expected > 0:
+                self._rescale(1.0 + LEARNING_RATE * (seconds / expected - 1.0))
+        elif k in self.batch_seconds:
             at_depth = seconds - (self._context_term(k, context) if context is not None else 0.0)
             self.batch_seconds[k] += LEARNING_RATE * (at_depth - self.batch_seconds[k])
             self._dense_of = None  # interpolated sizes beside it move too
+
+    def _rescale(self, factor: float) -> None:
+        """Every cost times `factor`: the machine runs that much slower (or faster) than measured."""
+        self.batch_seconds = {k: v * factor for k, v in self.batch_seconds.items()}
+        self.draft_seconds *= factor
+        self.draft_token_seconds *= factor
+        self.context_seconds *= factor
 
     def observe_draft(self, seconds_per_token: float) -> None:
         self.draft_seconds += LEARNING_RATE * (seconds_per_token - self.draft_seconds)
