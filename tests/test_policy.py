@@ -118,6 +118,28 @@ def test_draft_model_exploration_is_bounded_and_ends_for_good():
     assert -(policy.model_net + policy.entry_seconds) <= budget + 4 * BIG_GPU.draft_seconds + BIG_GPU.verify(5)
 
 
+def test_exploration_budget_is_spent_in_proportion_to_what_the_draft_model_would_draft():
+    """After the n-gram cache has committed nearly every token, a catch-up that the full exploration
+    budget would cover is not paid for: the draft model would draft little of what is left. After as
+    many plain steps it is paid for."""
+    copying = CostAwarePolicy(BIG_GPU.copy(), draft_max=31, has_draft_model=True)
+    plain = CostAwarePolicy(BIG_GPU.copy(), draft_max=31, has_draft_model=True)
+    for policy in (copying, plain):
+        _start(policy)
+    for step in range(8):
+        copying.at_step(299 + 8 * step, 128 - 8 * step)
+        copying.observe("ngram", 7, 7, BIG_GPU.verify(8), copying.ngram_keys(_proposal(32), 7))
+    for step in range(64):
+        plain.at_step(299 + step, 128 - step)
+        plain.observe(None, 0, 0, BIG_GPU.verify(1), [])
+    for policy in (copying, plain):
+        policy.at_step(363, 64)
+    assert copying.committed == plain.committed == 64
+    assert BIG_GPU.catch_up(364) < copying.budget  # the whole budget would pay for reading the text
+    assert plain.plan(None, pending=364).source == "draft"
+    assert copying.plan(None, pending=364).source is None
+
+
 def test_draft_length_stops_where_it_no_longer_pays():
     policy = CostAwarePolicy(CPU.copy(), has_draft_model=True)
     assert policy.worth_including([], 0.95)

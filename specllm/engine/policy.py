@@ -23,7 +23,7 @@ The draft model must read every committed token it has not seen before it drafts
 before its first use, then whatever n-gram and plain steps committed since. The first use is an
 investment, made only when what the draft model is expected to win over the tokens likely left (as
 many as the generation has run so far) exceeds it, or when it is cheaper than the exploration
-budget; from then on every token committed without it
+budget times the share of tokens it would draft (the share n-gram drafts did not commit); from then on every token committed without it
 costs what reading it will cost, and the draft model is retired for the generation when it cannot
 win back what it would still need, or when what it lost exceeds the budget.
 """
@@ -201,8 +201,10 @@ class CostAwarePolicy:
         gain_per_token = self.model_gain_per_token(best_k)
         gain = gain_per_token * self.expected_tokens_left() * self._model_share()
         if self.model_state == COLD:
-            if owed + self.costs.draft_seconds <= self.budget:
-                return True  # cheaper to find out than the exploration budget
+            if owed + self.costs.draft_seconds <= self.budget * self._model_share():
+                # cheaper to find out than the exploration budget, spent in proportion to what it
+                # would draft: where the n-gram cache commits most tokens, knowing is worth less
+                return True
             if gain_per_token <= 0:
                 # Its acceptance stays at the prior while it is unused and what it must read only
                 # grows: it cannot become worth consulting in this generation.
