@@ -168,6 +168,21 @@ def test_long_bets_follow_the_curve_and_what_copying_has_saved():
     assert cpu._bet_cap(2) >= 8
     assert CostAwarePolicy(GPU.copy(), draft_max=31)._bet_cap(2) == 31
 
+
+# A 2-core Zen 5's curve (single tokens a pass), measured: a batch of 16 is cheaper than 12 to 15 and 17.
+DIPPED = CostModel({k: 0.048 * r for k, r in {1: 1.0, 2: 1.82, 4: 2.91, 8: 7.25, 12: 8.72, 15: 10.29, 16: 8.34, 17: 10.21, 24: 12.41, 32: 13.71}.items()}, draft_seconds=0.033)
+
+
+def test_a_bet_may_take_a_cheap_size_beyond_a_dear_one():
+    """What a bet may risk decides every length by its own cost: once copies have saved enough to
+    risk a batch of 16, 15 drafted tokens may be bet even though 11 to 14 (batches of 12-15) cost more."""
+    policy = CostAwarePolicy(DIPPED.copy(), draft_max=31)
+    one = DIPPED.verify(1)
+    policy.observe("ngram", 8, 8, 9 * one - 0.51 * (DIPPED.verify(16) - 2 * one), policy.ngram_keys(_proposal(2), 8))
+    assert DIPPED.verify(16) - one <= one + 2 * policy.ngram_gain < DIPPED.verify(15) - one  # the bet covers 16, not 15
+    assert policy._bet_cap(2) == 15
+    assert len(policy.ngram_draft(_proposal(20))) == 15  # and a long copy is drafted to it
+
 def test_an_ngram_followed_by_different_tokens_is_trusted_less():
     """A match whose n-gram was followed by different tokens before is drafted less than a unique one."""
     policy = CostAwarePolicy(CPU.copy(), draft_max=15)
