@@ -42,6 +42,7 @@ def record(args) -> None:
     from specllm.backend import LlamaBackend, LoadOptions
     from specllm.bench.workloads import load_prompts
     from specllm.engine.decode import Done
+    from specllm.engine.ngram import ends_sentence
     from specllm.engine.sampling import SamplingParams
     from specllm.models.catalog import load_registry, resolve_preset_draft
     from specllm.models.store import resolve_model
@@ -51,6 +52,7 @@ def record(args) -> None:
     engine = Engine(ModelPaths(resolve_model(registry.default, registry)), SpecConfig("off"), LoadOptions(n_ctx=4096), LoadOptions())
     draft = LlamaBackend(resolve_model(resolve_preset_draft(registry.default, registry), registry), LoadOptions(n_ctx=4096))
     eog = next(t for t in range(engine.target.n_vocab) if engine.target.is_eog(t))
+    sentence_ends = [t for t in range(engine.target.n_vocab) if ends_sentence(engine.target.token_bytes(t))]
     prompts = load_prompts(Path(args.prompts))
     if args.limit:
         prompts = prompts[: args.limit]
@@ -68,7 +70,8 @@ def record(args) -> None:
                 stream["draft"] = record_draft(draft, tokens + event.tokens + ([eog] if ended else []), len(tokens), engine.target.n_vocab)
                 streams.append(stream)
                 print(f"{prompt.category:16} {prompt.id:>6} {len(event.tokens)} tokens", file=sys.stderr)
-        out.write_text(json.dumps({"eog": eog, "max_tokens": args.n, "streams": streams}))  # after every prompt
+        recording = {"eog": eog, "max_tokens": args.n, "sentence_ends": sentence_ends, "streams": streams}
+        out.write_text(json.dumps(recording))  # after every prompt
 
 
 def record_draft(draft, sequence: list[int], prompt_length: int, n_vocab: int) -> dict:
@@ -306,7 +309,8 @@ def _run_auto(stream, data, sequence, record, costs, draft_max, clock) -> float:
     n_vocab = _vocab(stream, data)
     target = ReplayBackend(sequence, data["eog"], n_vocab, costs, clock)
     model = ModelDrafter(ReplayDraftBackend(sequence, record, n_vocab, costs, clock), 0.0, n_vocab) if record else None
-    policy = CostAwarePolicy(costs.copy(), draft_max=draft_max, has_draft_model=model is not None)
+    sentence_ends = frozenset(data.get("sentence_ends", ()))  # the target's tokens that end a sentence (none in old recordings)
+    policy = CostAwarePolicy(costs.copy(), draft_max=draft_max, has_draft_model=model is not None, sentence_end=sentence_ends.__contains__)
     decoder = Decoder(target, AutoDrafter(NgramDrafter(2, 4), model, policy), lambda history, limit: limit)
     started = None
     for event in decoder.generate(stream["prompt"], data["max_tokens"], SamplingParams(temperature=0.0), np.random.default_rng(0)):

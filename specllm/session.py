@@ -22,6 +22,7 @@ from specllm.engine.costmodel import (
 )
 from specllm.engine.decode import Decoder, fixed_budget
 from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
+from specllm.engine.ngram import ends_sentence
 from specllm.engine.policy import CostAwarePolicy
 from specllm.errors import SpecllmError, UsageError
 from specllm.models import gguf, hfnames
@@ -133,7 +134,12 @@ class Engine:
         ngram = NgramDrafter(spec.ngram_min, spec.ngram_max)
         model = ModelDrafter(self.draft, spec.draft_p_min, self.target.n_vocab) if self.draft else None
         if spec.strategy == "auto":
-            policy = CostAwarePolicy(self.costs().copy(), draft_max=AUTO_MAX_BATCH - 1, has_draft_model=model is not None)
+            policy = CostAwarePolicy(
+                self.costs().copy(),
+                draft_max=AUTO_MAX_BATCH - 1,
+                has_draft_model=model is not None,
+                sentence_end=lambda token: ends_sentence(self.target.token_bytes(token)),  # pieces are cached
+            )
             return Decoder(self.target, AutoDrafter(ngram, model, policy), lambda history, limit: limit)
         drafters = {
             "off": [],

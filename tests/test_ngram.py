@@ -1,4 +1,4 @@
-from specllm.engine.ngram import NgramCache
+from specllm.engine.ngram import NgramCache, ends_sentence
 
 
 def test_proposes_continuation_of_latest_match():
@@ -72,3 +72,10 @@ def test_proposal_says_how_often_the_ngram_occurred_and_whether_its_followers_ag
     cache.truncate(6)  # back to [1, 2, 7, 1, 2, 7]: the rebuilt index forgets the 8
     cache.extend([1, 2])
     assert cache.propose(1).consistent
+
+
+def test_sentence_ends_are_final_punctuation_not_words_or_code():
+    ends = [b".", b".\n\n", b"!", b" ?", b'."', b".)", "\u3002".encode(), "\uff1f\n".encode(), b"..."]
+    not_ends = [b"Mr.", b".append", b"3.", b",", b" the", b"\n", b"", b":", b".5"]
+    assert all(ends_sentence(piece) for piece in ends)
+    assert not any(ends_sentence(piece) for piece in not_ends)

@@ -343,3 +343,19 @@ def test_a_draft_model_that_drafts_poorly_leaves_the_choice_to_the_ngram_cache()
     _feed(policy, "ngram", 16, 16, BIG_FLAT.verify(17), span=32, rounds=6)
     plan = policy.plan(_proposal(32), pending=1)
     assert plan.source == "ngram" and not plan.then_model
+
+
+def test_past_the_end_of_a_sentence_a_copy_runs_on_by_what_the_generation_shows():
+    """Token 7 ends a sentence. Where copies stopped there (an extractive summary leaving its
+    source), a copy is drafted through the sentence's end and no further; where they ran on (code
+    with comments), past it; a policy that cannot tell sentences apart learns only that its copies
+    end somewhere around there, and drafts short."""
+    def after(copies_cross: bool, sentence_end=lambda token: token == 7) -> int:
+        policy = CostAwarePolicy(DIPPED.copy(), draft_max=31, sentence_end=sentence_end)
+        for _ in range(4):
+            policy.observe("ngram", 12, 12 if copies_cross else 8, DIPPED.verify(13), policy.ngram_keys(_proposal(20), 12))
+        return len(policy.ngram_draft(_proposal(20)))
+
+    assert after(copies_cross=False) == 8
+    assert after(copies_cross=True) == 31
+    assert after(copies_cross=False, sentence_end=lambda token: False) < 8

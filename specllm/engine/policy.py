@@ -14,8 +14,10 @@ generation (`Beta` estimates with the priors of `priors.py`):
   - an n-gram proposal's first token by the kind of match (an n-gram seen once before, or several
     times always followed by the same token, or by different ones, or a copy of this generation's
     own output), how far the context agrees with it, and whether the previous draft was fully
-    accepted; each further token by the depth into the copy. A proposal not drafted is scored
-    against what the step committed instead, so a copy shows itself before any draft risks a pass;
+    accepted; each further token by the depth into the copy, or apart when it follows the end of a
+    sentence (where extractive summaries leave their source and code edits do not). A proposal
+    not drafted is scored against what the step committed instead, so a copy shows itself before
+    any draft risks a pass;
   - the draft model's tokens by one acceptance rate for the decision to consult it (optimistic,
     mean plus one deviation, while its losses stay within the exploration budget), and by its
     confidence (top probability) for how far to draft once consulted.
@@ -31,6 +33,7 @@ win back what it would still need, or when what it lost exceeds the budget.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -81,8 +84,15 @@ class Plan:
 class CostAwarePolicy:
     """Learns acceptance, costs and throughput from step outcomes; answers what to draft."""
 
-    def __init__(self, costs: CostModel, draft_max: int = 32, has_draft_model: bool = False):
+    def __init__(
+        self,
+        costs: CostModel,
+        draft_max: int = 32,
+        has_draft_model: bool = False,
+        sentence_end: Callable[[int], bool] = lambda token: False,
+    ):
         self.costs = costs
+        self.sentence_end = sentence_end  # does this token end a sentence (`ngram.ends_sentence` of its text)?
         self.draft_max = min(draft_max, max(costs.batch_seconds) - 1)  # stay within the measured curve
         self.throughput = 1.0 / costs.verify(1)  # R: start from plain decoding's speed
         self.context: int | None = None  # tokens in the target's KV cache at this step (None: calibration depth)
@@ -91,6 +101,7 @@ class CostAwarePolicy:
         self.first: dict[tuple[str, int, bool], Beta] = {}  # by (kind, span bucket, last_full)
         self.first_pool = Beta.prior(priors.FIRST_PRIOR)  # every first token: the prior of kinds not seen yet
         self.continuation: dict[tuple[str, int], Beta] = {}  # by (unique, repeated or own, depth bucket)
+        self.after_sentence = Beta.prior(priors.SENTENCE_END_PRIOR)  # a further token after a sentence's end
         self.ngram_gain = 0.0  # seconds n-gram drafts have saved against plain decoding: how long a draft may be
         self.last_full = True  # was the previous draft fully accepted?
         # draft-model learning
@@ -278,7 +289,11 @@ class CostAwarePolicy:
                 prior = max(self.first_pool.mean, priors.COPY_PRIOR.get(first_key[1], 0.0))
             self.first[first_key] = Beta.prior(prior)
         group = kind if kind in ("unique", "own") else "repeated"
-        return [self.first[first_key]] + [self._continuation(group, proposal.span + i) for i in range(1, k)]
+        further = [
+            self.after_sentence if self.sentence_end(proposal.tokens[i - 1]) else self._continuation(group, proposal.span + i)
+            for i in range(1, k)
+        ]
+        return [self.first[first_key], *further]
 
     def _continuation(self, group: str, depth: int) -> Beta:
         key = (group, _depth_bucket(depth))
