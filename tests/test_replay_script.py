@@ -92,8 +92,10 @@ def test_a_costs_cache_replays_on_its_newest_curve_with_a_draft_model(tmp_path):
 DATA = Path(__file__).resolve().parent / "data"
 # The recording: plain greedy text of the default pair on all 62 prompts of dev.jsonl (-n 128), with
 # what the draft model proposes after every position (`replay_policy.py record`). The curves: the
-# machine the policy was validated on, a measured 2-core AVX2 CPU, a synthetic flat GPU curve.
-CURVES = ("this-machine-avx512-2core.json", "zen3-avx2-2core.json", "flat-gpu-synthetic.json")
+# machine the policy was validated on, a measured 2-core AVX2 CPU, a synthetic flat GPU curve, and the
+# same machine on a steeper day whose curve is not monotone (a batch of 16 cheaper than 12 to 15).
+CPU_CURVES = ("this-machine-avx512-2core.json", "zen3-avx2-2core.json", "this-machine-avx512-2core-2026-12-04.json")
+CURVES = (*CPU_CURVES, "flat-gpu-synthetic.json")
 
 
 class _Replays(dict):
@@ -132,7 +134,7 @@ def test_a_draft_model_never_makes_auto_slower_than_the_ngram_cache_alone(replay
 def test_the_draft_model_is_used_where_it_pays_and_left_alone_where_it_cannot(replayed):
     """On the CPUs the draft model costs 0.4-0.6 of a target pass: auto equals the n-gram cache alone.
     On the flat curve it drafts free-form text the n-gram cache cannot, well beyond plain decoding."""
-    for curve in CURVES[:2]:
+    for curve in CPU_CURVES:
         assert replayed[curve]["all"]["auto"] == pytest.approx(replayed[curve]["all"]["ngram_only"])
     flat = replayed["flat-gpu-synthetic.json"]
     for category in ("math_reasoning", "qa", "translation"):
@@ -165,7 +167,7 @@ def test_auto_reaches_what_an_ngram_policy_told_each_category_copy_lengths_reach
     """The told policy knows, in hindsight, how far the category's proposals of each kind and span run
     (it does not know where any one copy ends): no clairvoyant schedule is beaten by it, and auto,
     which learns those lengths as it goes, reaches at least 92% of it on the copying categories
-    (code edits 98-100%, summaries 94-101% on the three curves)."""
+    (code edits 97-104%, summaries 95-104% on these curves)."""
     for category, figures in replayed[curve].items():
         assert figures["oracle"] <= figures["told"] * (1 + 1e-9), category
     for category in ("code_edit", "summarization"):
