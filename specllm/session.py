@@ -6,6 +6,7 @@ the CLI, the chat loop and the benchmark all come through here.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -138,7 +139,7 @@ class Engine:
                 self.costs().copy(),
                 draft_max=AUTO_MAX_BATCH - 1,
                 has_draft_model=model is not None,
-                sentence_end=lambda token: ends_sentence(self.target.token_bytes(token)),  # pieces are cached
+                sentence_end=functools.cache(lambda token: ends_sentence(self.target.token_bytes(token))),
             )
             return Decoder(self.target, AutoDrafter(ngram, model, policy), lambda history, limit: limit)
         drafters = {

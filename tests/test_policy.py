@@ -183,6 +183,7 @@ def test_a_bet_may_take_a_cheap_size_beyond_a_dear_one():
     assert policy._bet_cap(2) == 15
     assert len(policy.ngram_draft(_proposal(20))) == 15  # and a long copy is drafted to it
 
+
 def test_an_ngram_followed_by_different_tokens_is_trusted_less():
     """A match whose n-gram was followed by different tokens before is drafted less than a unique one."""
     policy = CostAwarePolicy(CPU.copy(), draft_max=15)

@@ -25,9 +25,10 @@ The draft model must read every committed token it has not seen before it drafts
 before its first use, then whatever n-gram and plain steps committed since. The first use is an
 investment, made only when what the draft model is expected to win over the tokens likely left (as
 many as the generation has run so far) exceeds it, or when it is cheaper than the exploration
-budget times the share of tokens it would draft (the share n-gram drafts did not commit); from then on every token committed without it
-costs what reading it will cost, and the draft model is retired for the generation when it cannot
-win back what it would still need, or when what it lost exceeds the budget.
+budget times the share of tokens it would draft (the share n-gram drafts did not commit); from
+then on every token committed without it costs what reading it will cost, and the draft model is
+retired for the generation when it cannot win back what it would still need, or when what it lost
+exceeds the budget.
 """
 
 from __future__ import annotations
@@ -317,8 +318,8 @@ class CostAwarePolicy:
         10.2-10.3), and a cheap size is as safe a bet as the smaller ones."""
         one = self.cost(1)
         allowed = one + priors.CAP_GROWTH * max(self.ngram_gain, 0.0)
-        within = [k for k in range(2, self.draft_max + 1) if self.cost(k + 1) - one <= allowed]
-        return max([1, span // 2, *within])
+        longest = next((k for k in range(self.draft_max, 1, -1) if self.cost(k + 1) - one <= allowed), 1)
+        return max(longest, span // 2)
 
     def cost(self, k: int) -> float:
         """Seconds of a target pass over k tokens at this step's context."""
