@@ -184,6 +184,24 @@ def test_a_bet_may_take_a_cheap_size_beyond_a_dear_one():
     assert len(policy.ngram_draft(_proposal(20))) == 15  # and a long copy is drafted to it
 
 
+# An Apple M2 Max's shape for a 1.5B target (estimated from published figures): a batch of 8 costs 2.25 tokens.
+SLOPED = CostModel({k: 0.02 * r for k, r in {1: 1.0, 2: 1.2, 4: 1.5, 8: 2.25, 16: 3.0, 32: 3.0}.items()}, draft_seconds=0.013)
+
+
+def test_bets_that_keep_failing_shrink_what_a_bet_may_risk():
+    """Where a generation's matches keep failing (a short answer listing the prompt's headings) its
+    bets shrink to single tokens, and copies that pay grow them again."""
+    policy = CostAwarePolicy(SLOPED.copy(), draft_max=31)
+    fresh = policy._bet_cap(2)
+    assert fresh >= 4
+    for _ in range(2):  # two bets of that length, wrong from their first token
+        policy.observe("ngram", fresh, 0, SLOPED.verify(fresh + 1), policy.ngram_keys(_proposal(2), fresh))
+    assert policy._bet_cap(2) == 1
+    for _ in range(3):
+        policy.observe("ngram", 8, 8, SLOPED.verify(9), policy.ngram_keys(_proposal(2), 8))
+    assert policy._bet_cap(2) >= fresh
+
+
 def test_an_ngram_followed_by_different_tokens_is_trusted_less():
     """A match whose n-gram was followed by different tokens before is drafted less than a unique one."""
     policy = CostAwarePolicy(CPU.copy(), draft_max=15)

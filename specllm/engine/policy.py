@@ -310,14 +310,15 @@ class CostAwarePolicy:
 
     def _bet_cap(self, span: int) -> int:
         """The longest n-gram draft whose extra verification cost, should all of it be wrong, stays
-        within one single-token pass plus CAP_GROWTH times what n-gram drafts have saved so far; or
-        half the agreeing span when that is longer. On a flat curve (a GPU) that is every length at
-        once, on a steep one (a CPU) a token or two until copies have paid for longer bets. Every
-        length is judged by its own cost, not only those up to the first that costs too much: CPU
-        curves are not monotone (on a 2-core Zen 5 a batch of 16 costs 8.3 single tokens, 15 and 17
-        10.2-10.3), and a cheap size is as safe a bet as the smaller ones."""
-        one = self.cost(1)
-        allowed = one + priors.CAP_GROWTH * max(self.ngram_gain, 0.0)
+        within one single-token pass plus CAP_GROWTH times what n-gram drafts have saved so far (less
+        CAP_SHRINK times what they have lost); or half the agreeing span when that is longer. On a
+        flat curve (a GPU) that is every length at once, on a steep one (a CPU) a token or two until
+        copies have paid for longer bets, and where bets keep failing they shrink. Every length is
+        judged by its own cost, not only those up to the first that costs too much: CPU curves are
+        not monotone (on a 2-core Zen 5 a batch of 16 costs 8.3 single tokens, 15 and 17 10.2-10.3),
+        and a cheap size is as safe a bet as the smaller ones."""
+        one, gain = self.cost(1), self.ngram_gain
+        allowed = one + (priors.CAP_GROWTH if gain > 0 else priors.CAP_SHRINK) * gain
         longest = next((k for k in range(self.draft_max, 1, -1) if self.cost(k + 1) - one <= allowed), 1)
         return max(longest, span // 2)
 
