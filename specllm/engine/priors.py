@@ -49,9 +49,10 @@ SENTENCE_END_PRIOR = 0.5
 CAP_GROWTH = 2
 # What n-gram drafts have lost shrinks what a bet may risk, at a quarter of the rate savings grow it:
 # a generation whose matches keep failing stops paying for long lottery tickets, while one early
-# miss before a long copy still leaves room to find it (replay, 52 prompts apart from dev.jsonl,
-# extraction on the RTX 4090 and M2 Max estimates 0.949x -> 0.963x and 0.957x -> 0.967x; dev.jsonl
-# unchanged or within 0.4% on every curve; at the full rate code edits lost 2.5% on the M2 Max).
+# miss before a long copy still leaves room to find it (replay of the check set, 52 prompts apart
+# from dev.jsonl in tests/data/check-streams.json: extraction on the RTX 4090 and M2 Max estimates
+# 0.949x -> 0.963x and 0.957x -> 0.967x; dev.jsonl unchanged or within 0.4% on every curve; at the
+# full rate code edits lost 2.5% on the M2 Max).
 CAP_SHRINK = 0.5
 
 # -- the draft model ----------------------------------------------------------------------
