@@ -14,6 +14,7 @@ from specllm.bench.harness import (
     plain_cost,
     run_bench,
     summarize,
+    undrafted_pass_ratio,
 )
 from specllm.bench.oracle import copy_lengths, ngram_proposals, told_ngram_cost
 from specllm.bench.workloads import Prompt, load_prompts
@@ -95,6 +96,24 @@ def test_summary_arithmetic():
     assert rows[("a", "off")]["speedup_range"] is None  # off against itself says nothing
     assert rows[("a", "ngram")]["speedup_range"] is None  # one pair: no spread to show
     assert everything["speedup_range"] == [0.5, 2.0]  # runs at 2x and 0.5x pool to 0.8x: the range shows it
+
+
+def test_runs_that_drafted_nothing_measure_the_timing_noise_against_off():
+    p0, p1, p2 = PROMPTS
+    runs = [
+        _run(p0, "off", [1] * 10, 1.0),
+        _run(p0, "auto", [1] * 10, 1.1),  # plain passes only, 10% slower: drift
+        _run(p1, "off", [2] * 8, 0.8),
+        _run(p1, "auto", [2] * 8, 0.72),  # 10% faster
+        _run(p2, "off", [3] * 10, 1.0),
+        _run(p2, "auto", [3] * 10, 0.5, drafted=8, accepted=6, passes=4),  # drafted: not plain work
+    ]
+    waited = _run(p2, "draft", [3] * 10, 1.6)
+    waited.stats.model_seconds = 0.6  # consulted the draft model and drafted nothing: not plain work either
+    noise = undrafted_pass_ratio(runs + [waited])
+    assert noise["runs"] == 2 and noise["range"] == [0.9, 1.1]
+    assert noise["mean"] == pytest.approx(1.0) and noise["standard_error"] == pytest.approx(0.1)
+    assert undrafted_pass_ratio(runs[:2] + runs[4:]) is None  # one pair shows no spread
 
 
 def test_speedup_interval_comes_from_the_spread_between_repeats():
@@ -279,3 +298,10 @@ def test_bench_cli_short_run_writes_the_json_schema(tmp_path, tiny_pair):
     interval = next(r["speedup_interval"] for r in report["results"] if (r["strategy"], r["category"]) == ("auto", "all"))
     assert len(interval) == 2 and 0 < interval[0] <= interval[1]
     assert all("parts_from_off_at" in run for run in report["runs"])
+    plain_only = [r for r in report["runs"] if r["strategy"] != "off" and not r["drafted"]]
+    noise = report["undrafted_pass_ratio"]
+    if len(plain_only) >= 2:  # random weights: whether a run drafts nothing depends on the text
+        assert noise["runs"] == len(plain_only) and noise["mean"] > 0
+        assert "timing noise: in the" in result.output
+    else:
+        assert noise is None

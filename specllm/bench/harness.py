@@ -212,6 +212,27 @@ def _speedup_interval(group: list[Run], off: list[Run]) -> list[float] | None:
     return [round(math.exp(mean - half), 3), round(math.exp(mean + half), 3)]
 
 
+def undrafted_pass_ratio(runs: list[Run]) -> dict | None:
+    """The timing noise of this run, measured in it: every run of a drafting strategy that drafted
+    nothing (and spent no time in a draft model) made only plain passes, as `off` did on the same
+    prompt, so its time per pass against off's says how far identical work drifted. Mean, standard error and range of those ratios; None
+    with fewer than two such runs. A category whose speedup sits inside that range of 1.0 drafted
+    too little to show a gain or a loss."""
+    ratios = [
+        (run.stats.seconds / run.stats.target_passes) / (plain.stats.seconds / plain.stats.target_passes)
+        for run, plain in _paired([r for r in runs if r.strategy != "off" and not r.stats.drafted and not r.stats.model_seconds], [r for r in runs if r.strategy == "off"])
+        if run.stats.target_passes and plain.stats.target_passes and plain.stats.seconds
+    ]
+    if len(ratios) < 2:
+        return None
+    return {
+        "runs": len(ratios),
+        "mean": round(float(np.mean(ratios)), 4),
+        "standard_error": round(float(np.std(ratios, ddof=1)) / math.sqrt(len(ratios)), 4),
+        "range": [round(min(ratios), 3), round(max(ratios), 3)],
+    }
+
+
 def parting_points(runs: list[Run]) -> dict[int, int]:
     """For every run whose tokens differ from off's run of the same prompt and repeat: the index of
     the first token that differs (keyed by id(run)), where a near tie may have flipped."""

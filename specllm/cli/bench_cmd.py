@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specllm.backend import system_info
-from specllm.bench.harness import BenchSettings, parting_points, run_bench, summarize
+from specllm.bench.harness import BenchSettings, parting_points, run_bench, summarize, undrafted_pass_ratio
 from specllm.bench.workloads import load_prompts
 from specllm.cli import common as c
 from specllm.cli import options as o
@@ -72,6 +72,9 @@ def bench(
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     out.print(_table(rows))
     out.print(_bars(rows))
+    noise = undrafted_pass_ratio(runs)
+    if noise is not None:
+        out.print(_noise_line(noise))
     out.print(_curve_line(costs))
     report = _report(engine, settings, costs, rows, runs, workload, partial, prompts)
     if json_file is not None:
@@ -168,6 +171,14 @@ def _bars(rows, width: int = 40) -> str:
     return "\n".join(lines)
 
 
+def _noise_line(noise) -> str:
+    low, high = noise["range"]
+    return (
+        f"timing noise: in the {noise['runs']} runs that drafted nothing (plain passes only, like off's), a pass took "
+        f"{noise['mean']:.3f}x of off's on the same prompt (standard error {noise['standard_error']:.3f}; per run {low:.2f}-{high:.2f})"
+    )
+
+
 def _curve_line(costs) -> str:
     line = f"verify cost at {costs.depth} cached tokens (batch: x one token): "
     line += ", ".join(f"{p['batch']}: {p['relative']:.2f}" for p in costs.curve())
@@ -210,6 +221,7 @@ def _report(engine, settings, costs, rows, runs, workload, partial, prompts_file
         "draft_cost_relative": round(costs.draft_seconds / costs.verify(1), 3) if costs.draft_seconds else None,
         "costs": costs.to_dict(),  # the whole cost model the run used: scripts/replay_policy.py replays on it
         "results": rows,
+        "undrafted_pass_ratio": undrafted_pass_ratio(runs),  # timing noise: runs that drafted nothing against off's
         "runs": [
             {"prompt": r.prompt.id, "category": r.prompt.category, "strategy": r.strategy, "repeat": r.repeat, **r.stats.to_dict(),
              "parts_from_off_at": parts.get(id(r)) if settings.params.greedy else None}  # fmt: skip
