@@ -72,11 +72,10 @@ def bench(
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     out.print(_table(rows))
     out.print(_bars(rows))
-    noise = undrafted_pass_ratio(runs)
-    if noise is not None:
-        out.print(_noise_line(noise))
-    out.print(_curve_line(costs))
     report = _report(engine, settings, costs, rows, runs, workload, partial, prompts)
+    if report["undrafted_pass_ratio"] is not None:
+        out.print(_noise_line(report["undrafted_pass_ratio"]))
+    out.print(_curve_line(costs))
     if json_file is not None:
         _write(json_file, json.dumps(report, indent=1))
     if plot is not None:
