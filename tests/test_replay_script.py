@@ -153,7 +153,7 @@ def test_a_draft_model_never_makes_auto_slower_than_the_ngram_cache_alone(replay
 
 
 def test_the_draft_model_is_used_where_it_pays_and_left_alone_where_it_cannot(replayed):
-    """On the CPUs the draft model costs 0.4-0.6 of a target pass: auto equals the n-gram cache alone.
+    """On the CPUs the draft model costs 0.4-0.7 of a target pass: auto equals the n-gram cache alone.
     On the flat curve it drafts free-form text the n-gram cache cannot, well beyond plain decoding."""
     for curve in CPU_CURVES:
         assert replayed[curve]["all"]["auto"] == pytest.approx(replayed[curve]["all"]["ngram_only"])

@@ -216,8 +216,8 @@ def undrafted_pass_ratio(runs: list[Run]) -> dict | None:
     """The timing noise of this run, measured in it: every run of a drafting strategy that drafted
     nothing (and spent no time in a draft model) made only plain passes, as `off` did on the same
     prompt, so its time per pass against off's says how far identical work drifted. Mean, standard
-    error and range of those ratios; None with fewer than two such runs. A category whose speedup
-    sits inside that range of 1.0 drafted too little to show a gain or a loss."""
+    error and range of those ratios; None with fewer than two such runs. A category's speedup
+    inside that range of 1.0 is not told apart from timing noise by this run."""
     plain_only = [r for r in runs if r.strategy != "off" and not r.stats.drafted and not r.stats.model_seconds]
     ratios = [
         (run.stats.seconds / run.stats.target_passes) / (plain.stats.seconds / plain.stats.target_passes)
