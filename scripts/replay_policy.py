@@ -51,7 +51,7 @@ def record(args) -> None:
     registry = load_registry()
     engine = Engine(ModelPaths(resolve_model(registry.default, registry)), SpecConfig("off"), LoadOptions(n_ctx=4096), LoadOptions())
     draft = LlamaBackend(resolve_model(resolve_preset_draft(registry.default, registry), registry), LoadOptions(n_ctx=4096))
-    eog = next(t for t in range(engine.target.n_vocab) if engine.target.is_eog(t))
+    eog = next(t for t in range(engine.target.n_vocab) if engine.target.is_eog(t))  # for streams that do not say
     sentence_ends = [t for t in range(engine.target.n_vocab) if ends_sentence(engine.target.token_bytes(t))]
     prompts = load_prompts(Path(args.prompts))
     if args.limit:
@@ -63,11 +63,14 @@ def record(args) -> None:
         if (prompt.id, prompt.category) in done:
             continue
         tokens = engine.encode(prompt.text)
-        for event in engine.decoder("off").generate(tokens, args.n, SamplingParams(temperature=0.0), np.random.default_rng(0)):
+        decoder = engine.decoder("off")
+        for event in decoder.generate(tokens, args.n, SamplingParams(temperature=0.0), np.random.default_rng(0)):
             if isinstance(event, Done):
                 ended = event.finish_reason == "stop"
                 stream = {"id": prompt.id, "category": prompt.category, "prompt": tokens, "tokens": event.tokens, "stopped": ended}
-                stream["draft"] = record_draft(draft, tokens + event.tokens + ([eog] if ended else []), len(tokens), engine.target.n_vocab)
+                if ended:
+                    stream["end"] = decoder.history[-1]  # the end-of-generation token the target chose
+                stream["draft"] = record_draft(draft, _sequence(stream, recording_eog=eog), len(tokens), engine.target.n_vocab)
                 streams.append(stream)
                 print(f"{prompt.category:16} {prompt.id:>6} {len(event.tokens)} tokens", file=sys.stderr)
         recording = {"eog": eog, "max_tokens": args.n, "sentence_ends": sentence_ends, "streams": streams}
@@ -106,6 +109,12 @@ def record_draft(draft, sequence: list[int], prompt_length: int, n_vocab: int) -
         off_path[str(position)] = steps
     draft.rewind(0)
     return {"start": start, "argmax": argmax, "confidence": confidence, "off_path": off_path}
+
+
+def _sequence(stream: dict, recording_eog: int) -> list[int]:
+    """The prompt, the recorded text and, when the generation stopped, the end token the target chose
+    (recordings that do not keep it: the recording's first end-of-generation token)."""
+    return stream["prompt"] + stream["tokens"] + ([stream.get("end", recording_eog)] if stream["stopped"] else [])
 
 
 def _top_probability(rows: np.ndarray) -> np.ndarray:
@@ -163,8 +172,8 @@ class ReplayDraftBackend:
     one of its own wrong guesses, its recorded continuation (then no confidence: it stops). A batch of
     n tokens costs the cost model's catch-up of n, one token a draft step."""
 
-    def __init__(self, sequence: list[int], record: dict, n_vocab: int, costs, clock: Clock):
-        self.sequence, self.costs, self.clock, self.n_vocab = sequence, costs, clock, n_vocab
+    def __init__(self, sequence: list[int], record: dict, n_vocab: int, costs, clock: Clock, eog: int):
+        self.sequence, self.costs, self.clock, self.n_vocab, self.eog = sequence, costs, clock, n_vocab, eog
         self.start, self.argmax, self.confidence = record["start"], record["argmax"], record["confidence"]
         self.off_path = {int(k): v for k, v in record["off_path"].items()}
         self.n_ctx = len(sequence) + 64
@@ -183,9 +192,9 @@ class ReplayDraftBackend:
     def _row(self, q: int) -> np.ndarray:
         """The draft's next-token logits after kv[: q + 1]."""
         agree = next((j for j in range(q + 1) if j >= len(self.sequence) or self.kv[j] != self.sequence[j]), q + 1)
-        if agree > q:  # on the recorded text
+        if agree > q:  # on the recorded text (after its end: no confidence at all)
             i = q - self.start
-            return _one_hot_row(self.n_vocab, self.argmax[i], self.confidence[i])
+            return _one_hot_row(self.n_vocab, self.argmax[i], self.confidence[i]) if i < len(self.argmax) else np.zeros(self.n_vocab, dtype=np.float32)
         wrong = agree - 1  # kv[agree] is the draft's own wrong guess after position `wrong`
         steps = self.off_path.get(wrong, [])
         j = q - agree
@@ -195,6 +204,9 @@ class ReplayDraftBackend:
 
     def rewind(self, n_past: int) -> None:
         del self.kv[n_past:]
+
+    def is_eog(self, token: int) -> bool:
+        return token == self.eog
 
 
 def simulate(data: dict, costs, draft_max: int, use_draft: bool = True, verbose: bool = False) -> dict[str, dict[str, float]]:
@@ -212,7 +224,7 @@ def simulate(data: dict, costs, draft_max: int, use_draft: bool = True, verbose:
         module.time = clock
     try:
         for stream in data["streams"]:
-            sequence = stream["prompt"] + stream["tokens"] + ([data["eog"]] if stream["stopped"] else [])
+            sequence = _sequence(stream, data["eog"])
             record = stream.get("draft") if use_draft else None
             end_pass = costs.verify(1, len(sequence) - 2) if stream["stopped"] else 0.0  # the pass that chose the end token
             figures = {"plain": plain_cost(stream["prompt"], stream["tokens"], costs) + end_pass, "prompts": 1}
@@ -295,7 +307,7 @@ def threshold_cost(stream: dict, costs, threshold: float, draft_max: int) -> flo
 def _vocab(stream, data) -> int:
     record = stream.get("draft") or {"argmax": [], "off_path": {}}
     off = [t for steps in record["off_path"].values() for t, _ in steps]
-    return max(stream["prompt"] + stream["tokens"] + record["argmax"] + off + [data["eog"]]) + 1
+    return max(_sequence(stream, data["eog"]) + record["argmax"] + off + [data["eog"]]) + 1
 
 
 def _run_auto(stream, data, sequence, record, costs, draft_max, clock) -> float:
@@ -307,11 +319,12 @@ def _run_auto(stream, data, sequence, record, costs, draft_max, clock) -> float:
     from specllm.engine.sampling import SamplingParams
 
     n_vocab = _vocab(stream, data)
-    target = ReplayBackend(sequence, data["eog"], n_vocab, costs, clock)
-    model = ModelDrafter(ReplayDraftBackend(sequence, record, n_vocab, costs, clock), 0.0, n_vocab) if record else None
+    eog = stream.get("end", data["eog"])
+    target = ReplayBackend(sequence, eog, n_vocab, costs, clock)
+    model = ModelDrafter(ReplayDraftBackend(sequence, record, n_vocab, costs, clock, eog), 0.0, n_vocab) if record else None
     sentence_ends = frozenset(data.get("sentence_ends", ()))  # the target's tokens that end a sentence (none in old recordings)
     policy = CostAwarePolicy(costs.copy(), draft_max=draft_max, has_draft_model=model is not None, sentence_end=sentence_ends.__contains__)
-    decoder = Decoder(target, AutoDrafter(NgramDrafter(2, 4), model, policy), lambda history, limit: limit)
+    decoder = Decoder(target, AutoDrafter(NgramDrafter(2, 4, target.is_eog), model, policy), lambda history, limit: limit)
     started = None
     for event in decoder.generate(stream["prompt"], data["max_tokens"], SamplingParams(temperature=0.0), np.random.default_rng(0)):
         if isinstance(event, PrefillDone):

@@ -132,7 +132,7 @@ class Engine:
         self.target.rewind(0)
         if self.draft is not None:
             self.draft.rewind(0)
-        ngram = NgramDrafter(spec.ngram_min, spec.ngram_max)
+        ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, self.target.is_eog)
         model = ModelDrafter(self.draft, spec.draft_p_min, self.target.n_vocab) if self.draft else None
         if spec.strategy == "auto":
             policy = CostAwarePolicy(

@@ -131,6 +131,50 @@ def test_sampled_sequences_follow_the_target_distribution(kind, params, virtual_
     assert chi_square_pvalue(samples, expected) > 1e-4
 
 
+@pytest.mark.parametrize("kind", ["ngram", "draft", "auto"])
+def test_sampled_generations_that_can_end_follow_the_target_distribution(kind, virtual_clock):
+    """With an end token in play, drafts stop at it (a stopping rule that depends on the token drawn,
+    which rejection sampling allows: every drafted token is still an exact sample of its row), and
+    whole generations, ended or cut by the length limit, are distributed as the target's."""
+    v, length, end = 5, 3, 4
+    prompt = [1, 2, 4, 1, 2, 4, 1, 2]  # the end token sits in the prompt: the n-gram cache copies it
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    truth = FakeBackend(n_vocab=v, seed=0)
+    expected: dict = {}
+
+    def walk(context, tokens, prob):
+        if len(tokens) == length:
+            expected[("length", tuple(tokens))] = prob
+            return
+        row = warp(truth.logits_after(context), params)
+        for token in range(v):
+            if token == end:
+                expected[("stop", tuple(tokens))] = prob * row[token]
+            else:
+                walk(context + [token], tokens + [token], prob * row[token])
+
+    walk(list(prompt), [], 1.0)
+    target = FakeBackend(n_vocab=v, seed=0, eog=end, clock=virtual_clock, pass_seconds=AUTO_COSTS.verify)
+    if kind == "auto":
+        draft = FakeBackend(n_vocab=v, seed=1, eog=end, clock=virtual_clock, pass_seconds=AUTO_COSTS.catch_up)
+        drafter = AutoDrafter(NgramDrafter(1, 3, target.is_eog), ModelDrafter(draft, 0.0), CostAwarePolicy(AUTO_COSTS.copy(), has_draft_model=True))
+    elif kind == "draft":
+        drafter = ModelDrafter(FakeBackend(n_vocab=v, seed=1, eog=end), p_min=0.0)
+    else:
+        drafter = NgramDrafter(1, 3, target.is_eog)
+    decoder = Decoder(target, drafter, fixed_budget(3))
+    rng = np.random.default_rng(5)
+    samples, drafted = [], 0
+    for _ in range(SAMPLES):
+        for event in decoder.generate(prompt, length, params, rng):
+            if isinstance(event, StepDone):
+                drafted += event.drafted
+            elif isinstance(event, Done):
+                samples.append((event.finish_reason, tuple(event.tokens)))
+    assert drafted >= 1000 and sum(reason == "stop" for reason, _ in samples) >= 1000
+    assert chi_square_pvalue(samples, expected) > 1e-4
+
+
 def test_stops_at_end_of_generation_token():
     target = FakeBackend(seed=0, eog=None)
     reference = generate_plain(target, PROMPT, 30, GREEDY, np.random.default_rng(0))
@@ -139,6 +183,24 @@ def test_stops_at_end_of_generation_token():
     done, _ = _run(Decoder(target, NgramDrafter(1, 3)), PROMPT, 30, GREEDY)
     assert done.finish_reason == "stop"
     assert done.tokens == reference[: reference.index(eog)]
+
+
+def test_drafts_end_at_an_end_of_generation_token():
+    """Nothing after an end of generation can be committed: an n-gram copy that runs past the end of
+    a turn in the prompt, and a draft model that drafts one, stop there."""
+    end = 7
+    ngram = NgramDrafter(2, 3, ends_generation=lambda token: token == end)
+    ngram.commit([1, 2, 3, end, 5, 6, 4, 1, 2])
+    assert ngram.propose([1, 2, 3, end, 5, 6, 4, 1, 2], 6, GREEDY, None).tokens == [3, end]
+    assert NgramDrafter(2, 3).propose([1, 2, 3, end, 5, 6, 4, 1, 2], 6, GREEDY, None).tokens == [3, end, 5, 6, 4, 1]
+    assert ngram.proposal_after([4, 1, 2], 6).tokens == [3, end]
+
+    history = [1, 2, 3]
+    free = ModelDrafter(FakeBackend(seed=0), p_min=0.0).propose(history, 8, GREEDY, None).tokens
+    eog = free[2]
+    assert eog not in free[:2], "the fake's greedy draft must reach this token at its third step"
+    stopped = ModelDrafter(FakeBackend(seed=0, eog=eog), p_min=0.0).propose(history, 8, GREEDY, None).tokens
+    assert len(free) == 8 and stopped == free[:3]
 
 
 def test_max_tokens_is_exact_and_kv_holds_history_minus_last():

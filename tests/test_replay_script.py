@@ -37,6 +37,26 @@ def test_a_copy_is_drafted_and_costs_less_than_plain_decoding():
     assert decode.time is time and auto.time is time and drafters.time is time  # the virtual clock is put back
 
 
+def test_a_copy_ends_with_the_token_the_target_ended_with():
+    """A recording keeps the end-of-generation token the target chose: a copy of the prompt's turn,
+    its end token included, is then drafted up to that token and no further (what follows it in the
+    prompt, the next turn's header, can never be committed), and costs less than where the recording
+    does not say which token ended it (its copy of the end counts as wrong, the draft runs on)."""
+    replay = _load()
+    end = 500
+    answer = [(i * 7) % 97 + 3 for i in range(60)]
+    prompt = answer + [end] + [(i * 11) % 89 + 200 for i in range(40)]  # the turn, its end, what follows
+    curve = CostModel({k: 0.01 + 0.002 * k for k in (1, 2, 4, 8, 16, 32)})  # a drafted token costs a fifth of a pass
+    told = _streams(prompt, answer, "copy")
+    told["streams"][0].update(stopped=True, end=end)
+    told["max_tokens"] = 128  # room to draft past the end
+    untold = json.loads(json.dumps(told))
+    del untold["streams"][0]["end"]  # the recording's generic end token (999) then ends the text
+    with_end = replay.simulate(told, curve, draft_max=31)["copy"]
+    without = replay.simulate(untold, curve, draft_max=31)["copy"]
+    assert with_end["plain"] == without["plain"] and with_end["auto"] < without["auto"]
+
+
 def test_text_full_of_chance_matches_on_a_steep_curve_costs_what_plain_decoding_costs():
     """Random tokens from 8 symbols: n-gram matches everywhere, continuations by chance. On a CPU-like
     curve no draft pays, and the policy must not lose more than 1% finding that out."""

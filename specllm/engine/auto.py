@@ -57,8 +57,8 @@ class AutoDrafter:
         """The n-gram draft, then what the draft model drafts after it (it reads the copy with the
         committed tokens it has not seen, in one batch): one verification for both."""
         n = len(copy.tokens)
-        if max_tokens <= n:
-            return copy
+        if max_tokens <= n or self.ngram.ends_generation(copy.tokens[-1]):
+            return copy  # no room left, or the copy ends the generation
         extension = self._propose_from_model(history + copy.tokens, max_tokens - n, params, rng, after=[key.mean for key in self._keys])
         if not extension.tokens:
             return replace(copy, model_seconds=extension.model_seconds)
@@ -108,8 +108,8 @@ class AutoDrafter:
         """The n-gram draft to append when the text the draft model is writing has become a copy the
         n-gram cache drafts for free, and appending it is worth more than drafting on with the model
         (its tokens and the estimates behind them), or None."""
-        proposal = self.ngram.cache.propose_after(text, self.policy.draft_max - len(acceptance), source_offset=0)
-        if proposal is None or not proposal.tokens:
+        proposal = self.ngram.proposal_after(text, self.policy.draft_max - len(acceptance))
+        if proposal is None:
             return None
         keys = self.policy.ngram_draft(proposal)
         if keys and self.policy.copy_beats_model(acceptance, [key.mean for key in keys]):

@@ -8,8 +8,8 @@ or None when it is deterministic (one-hot q), as the n-gram cache is.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -49,9 +49,10 @@ class NgramDrafter:
 
     source = "ngram"
 
-    def __init__(self, n_min: int, n_max: int):
+    def __init__(self, n_min: int, n_max: int, ends_generation: Callable[[int], bool] = lambda token: False):
         self.cache = NgramCache(n_min, n_max)
         self.memory = NgramCache(n_min, n_max)
+        self.ends_generation = ends_generation  # the target's end-of-generation tokens (a chat's turn ends)
 
     def propose(self, history, max_tokens, params, rng) -> Draft | None:
         self.commit(history)
@@ -65,7 +66,20 @@ class NgramDrafter:
         proposal = self.cache.propose(max_tokens)
         if (proposal is None or not proposal.tokens) and len(self.memory):
             proposal = self.memory.propose_after(self.cache.tokens, max_tokens)
-        return proposal if proposal is not None and proposal.tokens else None
+        return self._up_to_end(proposal)
+
+    def proposal_after(self, text: list[int], max_tokens: int) -> NgramProposal | None:
+        """The history's continuation of `text`'s end (the history and tokens drafted after it), or None."""
+        return self._up_to_end(self.cache.propose_after(text, max_tokens, source_offset=0))
+
+    def _up_to_end(self, proposal: NgramProposal | None) -> NgramProposal | None:
+        """The proposal up to its first end-of-generation token: copied text often runs on past the end
+        of a turn (a code edit's last line, then the prompt's `<|im_end|>` and the next turn's header),
+        and a generation that accepts the end stops there, so nothing after it can be committed."""
+        if proposal is None or not proposal.tokens:
+            return None
+        end = next((i for i, token in enumerate(proposal.tokens) if self.ends_generation(token)), None)
+        return proposal if end is None else replace(proposal, tokens=proposal.tokens[: end + 1])
 
     def commit(self, history: list[int]) -> None:
         """Bring the index in line with the history (usually: append the newly committed tokens).
@@ -133,8 +147,8 @@ class ModelDrafter:
                 token = sample(q_row, rng)
                 rows.append(q_row)
             tokens.append(token)
-            if len(tokens) >= max_tokens or self.model.n_past + 1 > self.model.n_ctx:
-                break
+            if len(tokens) >= max_tokens or self.model.is_eog(token) or self.model.n_past + 1 > self.model.n_ctx:
+                break  # nothing after an end of generation can be committed
             if look_further is not None and not look_further(tokens):
                 break
             logits = self._fit(self.model.evaluate([token], [0])[0])
