@@ -79,3 +79,23 @@ def test_sentence_ends_are_final_punctuation_not_words_or_code():
     not_ends = [b"Mr.", b".append", b"3.", b",", b" the", b"\n", b"", b":", b".5"]
     assert all(ends_sentence(piece) for piece in ends)
     assert not any(ends_sentence(piece) for piece in not_ends)
+
+
+def test_an_older_occurrence_that_the_text_is_copying_is_the_source():
+    """A line that recurs (`x = 0` in many places) is continued from where the text is being copied,
+    when the history agrees with that place for COPY_SPAN tokens or more; else from its latest place."""
+    from specllm.engine.ngram import COPY_SPAN
+
+    line = [1, 2, 3, 4]  # as long as the longest n-gram: every occurrence matches alike
+    copied = list(range(100, 100 + COPY_SPAN))  # the text being copied, before the line
+    source = copied + line + [50, 51]
+    elsewhere = [60] + line + [70, 71]  # the same line later, followed by something else
+    cache = NgramCache(2, 4)
+    cache.extend(source + elsewhere + copied + line)
+    proposal = cache.propose(2)
+    assert proposal.tokens == [50, 51] and proposal.span == min(COPY_SPAN + len(line), 32)
+    assert proposal.source == len(copied) + len(line) and proposal.seen == 2
+
+    short = NgramCache(2, 4)  # agreeing with the copied place for fewer tokens: the latest place
+    short.extend(source + elsewhere + copied[-5:] + line)
+    assert short.propose(2).tokens == [70, 71]

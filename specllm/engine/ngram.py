@@ -1,9 +1,11 @@
 """The n-gram cache: drafts from text that repeats in the token history.
 
-An incremental index maps every n-gram (n_min..n_max) to the most recent position where
-it ended with at least one token after it. Proposing looks up the last n tokens, longest n
-first, and offers what followed that earlier occurrence. Appending a token costs
-O(n_max - n_min + 1) dict updates, so the cache stays fast however long the context grows.
+An incremental index maps every n-gram (n_min..n_max) to its latest positions where it
+ended with at least one token after it. Proposing looks up the last n tokens, longest n first,
+and offers what followed the latest occurrence, or an older one that the history has been
+copying (a common line of code, a phrase, recurs in the text; the copy's source is where the
+text agrees for longest). Appending a token costs O(n_max - n_min + 1) dict updates, so the
+cache stays fast however long the context grows.
 """
 
 from __future__ import annotations
@@ -11,6 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SPAN_MAX = 32  # how far back a match is followed: a long agreeing run means the text is being copied
+OCCURRENCES = 8  # the latest positions of each n-gram kept: where the text being copied may be
+# An older occurrence is the source when the history agrees with the text before it for this many
+# tokens (and longest): on recorded text (dev.jsonl and the check set) the right tokens proposed
+# rose 6-8% in code edits and 4% in summaries against the latest occurrence alone, other text
+# unchanged; replayed, code edits gained up to 2%, summaries up to 4%. At 8 tokens retrieval lost
+# up to 7% on the Zen 5 curves: the longest of several short agreements overstates a copy.
+COPY_SPAN = 16
 
 
 @dataclass(frozen=True)
@@ -29,7 +38,7 @@ class NgramCache:
             raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}, {n_max}")
         self.n_min, self.n_max = n_min, n_max
         self.tokens: list[int] = []
-        # n-gram -> [end position of its latest earlier occurrence, occurrences, always the same next token]
+        # n-gram -> [end positions of its latest earlier occurrences (oldest first), occurrences, always the same next token]
         self._index: dict[tuple[int, ...], list] = {}
 
     def __len__(self) -> int:
@@ -45,10 +54,13 @@ class NgramCache:
                 key = tuple(self.tokens[end - n + 1 : end + 1])
                 entry = self._index.get(key)
                 if entry is None:
-                    self._index[key] = [end, 1, True]
+                    self._index[key] = [[end], 1, True]
                 else:
-                    entry[2] = entry[2] and self.tokens[entry[0] + 1] == following
-                    entry[0] = end
+                    ends = entry[0]
+                    entry[2] = entry[2] and self.tokens[ends[-1] + 1] == following
+                    ends.append(end)
+                    if len(ends) > OCCURRENCES:
+                        del ends[0]
                     entry[1] += 1
 
     def truncate(self, length: int) -> None:
@@ -73,10 +85,13 @@ class NgramCache:
         for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
             entry = self._index.get(tuple(tail[-n:]))
             if entry is not None:
-                end, seen, consistent = entry
+                ends, seen, consistent = entry
+                span, end = max((self._span(end, n, tail), end) for end in ends)  # ties: the latest
+                if span < COPY_SPAN:  # no copy's source: the latest occurrence
+                    span, end = self._span(ends[-1], n, tail), ends[-1]
                 continuation = self.tokens[end + 1 : end + 1 + max_tokens]
                 source = end + 1 + source_offset if source_offset is not None else -1
-                return NgramProposal(continuation, n, self._span(end, n, tail), seen, consistent, source)
+                return NgramProposal(continuation, n, span, seen, consistent, source)
         return None
 
     def drop_oldest(self, n: int) -> None:
