@@ -111,10 +111,15 @@ def record_draft(draft, sequence: list[int], prompt_length: int, n_vocab: int) -
     return {"start": start, "argmax": argmax, "confidence": confidence, "off_path": off_path}
 
 
+def _end_token(stream: dict, recording_eog: int) -> int:
+    """The end-of-generation token the target chose (recordings that do not keep it: the
+    recording's first end-of-generation token)."""
+    return stream.get("end", recording_eog)
+
+
 def _sequence(stream: dict, recording_eog: int) -> list[int]:
-    """The prompt, the recorded text and, when the generation stopped, the end token the target chose
-    (recordings that do not keep it: the recording's first end-of-generation token)."""
-    return stream["prompt"] + stream["tokens"] + ([stream.get("end", recording_eog)] if stream["stopped"] else [])
+    """The prompt, the recorded text and, when the generation stopped, its end token."""
+    return stream["prompt"] + stream["tokens"] + ([_end_token(stream, recording_eog)] if stream["stopped"] else [])
 
 
 def _top_probability(rows: np.ndarray) -> np.ndarray:
@@ -319,7 +324,7 @@ def _run_auto(stream, data, sequence, record, costs, draft_max, clock) -> float:
     from specllm.engine.sampling import SamplingParams
 
     n_vocab = _vocab(stream, data)
-    eog = stream.get("end", data["eog"])
+    eog = _end_token(stream, data["eog"])
     target = ReplayBackend(sequence, eog, n_vocab, costs, clock)
     model = ModelDrafter(ReplayDraftBackend(sequence, record, n_vocab, costs, clock, eog), 0.0, n_vocab) if record else None
     sentence_ends = frozenset(data.get("sentence_ends", ()))  # the target's tokens that end a sentence (none in old recordings)

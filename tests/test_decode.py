@@ -31,21 +31,23 @@ PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
 AUTO_COSTS = CostModel({k: 0.01 + 0.0001 * k for k in (1, 2, 4, 8, 16)}, draft_seconds=0.001, draft_token_seconds=0.0001)
 
 
-def _target(v, seed=0, clock=None):
-    return FakeBackend(n_vocab=v, seed=seed, clock=clock, pass_seconds=AUTO_COSTS.verify)
+def _target(v, seed=0, clock=None, eog=None):
+    return FakeBackend(n_vocab=v, seed=seed, eog=eog, clock=clock, pass_seconds=AUTO_COSTS.verify)
 
 
-def _drafters(kind, v=8, draft_seed=1, clock=None):
+def _drafters(kind, v=8, draft_seed=1, clock=None, eog=None):
+    """`eog`: the end-of-generation token, which drafts stop at (none by default)."""
     if kind == "off":
         return None
+    ends = FakeBackend(eog=eog).is_eog
     if kind == "auto":
         assert clock is not None, "auto on fakes runs on the virtual clock"
-        draft = FakeBackend(n_vocab=v, seed=draft_seed, clock=clock, pass_seconds=AUTO_COSTS.catch_up)
-        return AutoDrafter(NgramDrafter(1, 3), ModelDrafter(draft, 0.0), CostAwarePolicy(AUTO_COSTS.copy(), has_draft_model=True))
+        draft = FakeBackend(n_vocab=v, seed=draft_seed, eog=eog, clock=clock, pass_seconds=AUTO_COSTS.catch_up)
+        return AutoDrafter(NgramDrafter(1, 3, ends), ModelDrafter(draft, 0.0), CostAwarePolicy(AUTO_COSTS.copy(), has_draft_model=True))
     if kind == "ngram":
-        return NgramDrafter(1, 3)
-    draft = ModelDrafter(FakeBackend(n_vocab=v, seed=draft_seed), p_min=0.0)
-    return draft if kind == "draft" else ChainDrafter([NgramDrafter(2, 3), draft])
+        return NgramDrafter(1, 3, ends)
+    draft = ModelDrafter(FakeBackend(n_vocab=v, seed=draft_seed, eog=eog), p_min=0.0)
+    return draft if kind == "draft" else ChainDrafter([NgramDrafter(2, 3, ends), draft])
 
 
 def _run(decoder, prompt, n, params, seed=0):
@@ -154,15 +156,7 @@ def test_sampled_generations_that_can_end_follow_the_target_distribution(kind, v
                 walk(context + [token], tokens + [token], prob * row[token])
 
     walk(list(prompt), [], 1.0)
-    target = FakeBackend(n_vocab=v, seed=0, eog=end, clock=virtual_clock, pass_seconds=AUTO_COSTS.verify)
-    if kind == "auto":
-        draft = FakeBackend(n_vocab=v, seed=1, eog=end, clock=virtual_clock, pass_seconds=AUTO_COSTS.catch_up)
-        drafter = AutoDrafter(NgramDrafter(1, 3, target.is_eog), ModelDrafter(draft, 0.0), CostAwarePolicy(AUTO_COSTS.copy(), has_draft_model=True))
-    elif kind == "draft":
-        drafter = ModelDrafter(FakeBackend(n_vocab=v, seed=1, eog=end), p_min=0.0)
-    else:
-        drafter = NgramDrafter(1, 3, target.is_eog)
-    decoder = Decoder(target, drafter, fixed_budget(3))
+    decoder = Decoder(_target(v, clock=virtual_clock, eog=end), _drafters(kind, v, clock=virtual_clock, eog=end), fixed_budget(3))
     rng = np.random.default_rng(5)
     samples, drafted = [], 0
     for _ in range(SAMPLES):

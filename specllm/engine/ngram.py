@@ -86,9 +86,10 @@ class NgramCache:
             entry = self._index.get(tuple(tail[-n:]))
             if entry is not None:
                 ends, seen, consistent = entry
-                span, end = max((self._span(end, n, tail), end) for end in ends)  # ties: the latest
+                spans = [(self._span(end, n, tail), end) for end in ends]
+                span, end = max(spans)  # the longest agreement (ties: the latest)
                 if span < COPY_SPAN:  # no copy's source: the latest occurrence
-                    span, end = self._span(ends[-1], n, tail), ends[-1]
+                    span, end = spans[-1]
                 continuation = self.tokens[end + 1 : end + 1 + max_tokens]
                 source = end + 1 + source_offset if source_offset is not None else -1
                 return NgramProposal(continuation, n, span, seen, consistent, source)
