@@ -2,7 +2,8 @@
 
 A `LlamaBackend` holds one model and one context with a single sequence. `evaluate`
 appends tokens to the KV cache and returns logits only for the rows asked for (per-token
-logits flags), `rewind` drops the KV cache after a position. Everything above this module
+logits flags), `rewind` drops the KV cache after a position, `snapshot`/`restore` save and bring back
+a KV cache (the calibration's timings at two depths, side by side). Everything above this module
 talks to the small `Backend` protocol (`specllm.engine.protocol`), so tests can swap in a fake model.
 """
 
@@ -199,6 +200,19 @@ class LlamaBackend:
             self._lib.llama_memory_seq_rm(self._memory, 0, n_past, -1)
             self.n_past = n_past
 
+    def snapshot(self) -> "KvSnapshot":
+        """A copy of the KV cache as it is now, for `restore`: cheaper than evaluating its tokens again."""
+        size = self._lib.llama_state_seq_get_size(self._ctx, 0)
+        data = (ctypes.c_uint8 * size)()
+        used = self._lib.llama_state_seq_get_data(self._ctx, data, size, 0)
+        return KvSnapshot(data, used, self.n_past)
+
+    def restore(self, snapshot: "KvSnapshot") -> None:
+        """Make the KV cache hold exactly what it held at `snapshot`."""
+        if not self._lib.llama_state_seq_set_data(self._ctx, snapshot.data, snapshot.size, 0):
+            raise SpecllmError("llama.cpp could not restore a saved KV cache")
+        self.n_past = snapshot.n_past
+
     def close(self) -> None:
         lib = self._lib
         if getattr(self, "_batch", None) is not None:
@@ -216,6 +230,13 @@ class LlamaBackend:
             self.close()
         except Exception:
             pass
+
+
+@dataclass(frozen=True)
+class KvSnapshot:
+    data: ctypes.Array  # llama.cpp's serialised sequence state
+    size: int
+    n_past: int
 
 
 class ContextFull(SpecllmError):

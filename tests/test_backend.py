@@ -91,6 +91,22 @@ def test_rewind_then_reevaluate_reproduces_the_logits(model, target_path):
     assert_same_rows(again, first[cut:], "re-evaluated after rewind")
 
 
+def test_a_restored_snapshot_holds_the_kv_cache_it_was_taken_from(model):
+    tokens = model.tokenize(TEXT)
+    cut = 10
+    model.evaluate(tokens[:cut], [])
+    snapshot = model.snapshot()
+    expected = model.evaluate(tokens[cut:], list(range(len(tokens) - cut)))
+    model.rewind(3)
+    other = model.tokenize(" elephants painted the zebras in purple stripes")[: cut - 3]
+    model.evaluate(other, [])  # a cache as long, holding other text
+    stale = model.evaluate(tokens[cut:], list(range(len(tokens) - cut)))
+    assert row_gaps(stale[-1], expected[-1])[0] > 10 * ROW_TOL  # the cache's content shows in the rows
+    model.restore(snapshot)
+    assert model.n_past == cut
+    assert_same_rows(model.evaluate(tokens[cut:], list(range(len(tokens) - cut))), expected, "after restore")
+
+
 def test_prefill_longer_than_n_batch_is_split_into_chunks(target_path):
     small = _load(target_path, n_batch=16)
     tokens = small.tokenize(TEXT * 3)

@@ -249,6 +249,20 @@ def test_calibration_on_a_real_backend_is_sane_and_leaves_caches_empty(tiny_pair
     target.close()
 
 
+def test_calibration_times_the_deeper_context_from_a_snapshot_of_a_real_cache(tiny_pair):
+    from specllm.backend import LlamaBackend, LoadOptions
+    from specllm.engine.costmodel import CONTEXT_ROUNDS, DEEPER
+
+    target = LlamaBackend(tiny_pair[0], LoadOptions(n_ctx=2048, n_threads=1))
+    restored = []
+    restore = target.restore
+    target.restore = lambda snapshot: (restore(snapshot), restored.append(target.n_past))
+    costs = measure_costs(target, None, max_batch=8, repeats=1)
+    assert restored == [DEEPER * costs.depth] * CONTEXT_ROUNDS  # each pair starts from the deeper cache
+    assert costs.context_seconds >= 0.0 and target.n_past == 0
+    target.close()
+
+
 def test_calibration_fits_a_context_smaller_than_its_depth_and_batches(tiny_pair):
     from specllm.backend import LlamaBackend, LoadOptions
 

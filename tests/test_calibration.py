@@ -36,6 +36,12 @@ class TimedBackend:
     def rewind(self, n_past: int) -> None:
         self.n_past = min(self.n_past, n_past)
 
+    def snapshot(self) -> int:
+        return self.n_past
+
+    def restore(self, snapshot: int) -> None:
+        self.n_past = snapshot
+
 
 def _measure(monkeypatch, backend: TimedBackend) -> CostModel:
     monkeypatch.setattr(costmodel, "time", backend.clock)
@@ -62,6 +68,37 @@ def test_a_burst_of_other_work_does_not_become_the_curve(monkeypatch):
     costs = _measure(monkeypatch, TimedBackend(VirtualClock(), burst=(0.0, length / 6), slowdown=3.0))
     assert _worst_error(costs) < 0.05
     assert abs(costs.verify(1) / quiet.verify(1) - 1) < 0.05
+
+
+CONTEXT_COST = 3e-6  # seconds per batch token per cached token: a pass 8% dearer after 768 more
+
+
+class SlowingBackend(TimedBackend):
+    """Passes grow with the cached tokens, and from the first pass timed after more than 300 of them
+    on, the machine runs 30% slower (other work starting): the shape of a real miscalibration, where
+    the deeper context was timed while the machine ran slower than for the shallow timings."""
+
+    def __init__(self, clock: VirtualClock):
+        super().__init__(clock)
+        self.slow = False
+
+    def evaluate(self, tokens, rows) -> np.ndarray:
+        started, cached = self.clock.now, self.n_past
+        out = super().evaluate(tokens, rows)
+        if rows:
+            self.slow = self.slow or cached > 300
+            seconds = self.clock.now - started + CONTEXT_COST * len(tokens) * cached
+            self.clock.now = started + seconds * (1.3 if self.slow else 1.0)
+        return out
+
+
+def test_the_context_cost_is_timed_in_pairs_that_a_slowing_machine_cannot_skew(monkeypatch):
+    """Timed a few seconds apart, a deep pass on a slower machine looks like context cost (the old
+    method read 4x the true slope here; on a real machine, 7x); each deep timing paired with a
+    shallow one right after reads the slope at the machine's speed of the moment."""
+    costs = _measure(monkeypatch, SlowingBackend(VirtualClock()))
+    assert abs(costs.context_seconds / (1.3 * CONTEXT_COST) - 1) < 0.05
+    assert costs.depth == 256
 
 
 class DippedBackend(TimedBackend):

@@ -123,11 +123,6 @@ CPU_CURVES = (
     "epyc-avx2-2core-2026-12-04.json",
 )
 CURVES = (*CPU_CURVES, "flat-gpu-synthetic.json")
-# Categories known to fall under 0.97x plain on a curve, each with its reason (README, "What to expect").
-# The workload's one math prompt: a 15-token bet on a restated line of the question, its first token
-# estimated right at 0.75 and drafted because a batch of 16 costs less there than one of 13 to 15,
-# wrong at its first token (0.964x).
-SHORTFALLS = {"epyc-avx2-2core-2026-12-04.json": {"math"}}
 
 
 class _Replays(dict):
@@ -165,10 +160,9 @@ def test_on_prompts_apart_from_the_workload_the_promise_holds(checked, curve):
 
 @pytest.mark.parametrize("curve", CURVES)
 def test_auto_is_never_slower_than_plain_decoding_in_any_category(replayed, curve):
-    """The promise, on the virtual clock (no timing noise): every category at least 0.97x plain, but
-    for the one known shortfall, which must stay the only one (and this fails once it is mended)."""
+    """The promise, on the virtual clock (no timing noise): every category at least 0.97x plain."""
     below = _below_the_promise(replayed[curve])
-    assert set(below) == SHORTFALLS.get(curve, set()), below
+    assert not below, below
 
 
 def _below_the_promise(figures: dict) -> dict:

@@ -1,7 +1,7 @@
 """What a target pass and a draft step cost on this machine, with these models.
 
 `measure_costs` times the target on every batch size 1..max_batch at a typical prompt's depth,
-then how much each cached token adds (and the draft model: one step, and its rate reading a batch): about 43 s for
+then how much each cached token adds (and the draft model: one step, and its rate reading a batch): 45-180 s for
 batches up to 32 with the default pair on 2 cores, once per machine and model set (the result is
 cached). `CostModel` answers `verify(k, context)` (seconds to evaluate a batch of k tokens after
 `context` cached ones) and keeps learning from the timings of real steps as generation goes.
@@ -138,7 +138,8 @@ class CostModel:
 SMALL_BATCH_REPEATS = 16  # one token and the draft step are timed this many times in all (they are cheap and noisy)
 CALIBRATION_ROUNDS = 3  # every size is timed once a round; its cost is the median of the rounds
 CALIBRATION_DEPTH = 256  # tokens already in the KV cache when timing: a typical prompt's length
-DEEPER = 2  # the context growth is timed at twice that depth
+DEEPER = 4  # the context growth is timed at four times that depth: a long prompt's
+CONTEXT_ROUNDS = 5  # pairs of timings (deeper, then at the calibration depth) for the context growth
 # One token's timings, spread over the whole calibration, varying more than this (upper quartile over
 # lower) mean other work shared the cores for a good part of it: the curve serves this run but is
 # not cached. A burst in under a quarter of the timings leaves the quartiles (and the medians) alone.
@@ -153,7 +154,7 @@ JITTER_SECONDS = 0.002  # passes shorter than this vary with the scheduler, not 
 # edits at 1.40x where the same curve replayed 1.62x. 16 and 32 stayed cheaper than their
 # neighbours in those rounds too: sizes the kernels favour, which the extra rounds keep.
 DIP_ROUNDS = 4
-CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},paired-rounds={CALIBRATION_ROUNDS},every-size,context-median,draft-batch,dips+{DIP_ROUNDS},largest"  # part of the cache key: a new method measures again
+CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},paired-rounds={CALIBRATION_ROUNDS},every-size,context-pairs,draft-batch,dips+{DIP_ROUNDS},largest"  # part of the cache key: a new method measures again
 
 
 def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBRATION_DEPTH, repeats: int = CALIBRATION_ROUNDS) -> CostModel:
@@ -176,8 +177,9 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
     hitting one round is outvoted) times one token's median over the whole calibration. A batch is
     held between one token's cost and k times it, which the hardware guarantees. `steady` says
     whether one token's timings agreed (BUSY_SPREAD): a curve measured on a busy machine is used,
-    not cached. Last, one token and the largest batch are timed again at a deeper context, which
-    gives what each cached token adds to a pass (`CostModel.verify(k, context)`).
+    not cached. Last, one token and the largest batch are timed in pairs at a deeper context and
+    at the calibration depth, which gives what each cached token adds to a pass
+    (`CostModel.verify(k, context)`); the target needs `snapshot` and `restore` for that.
     """
     sizes = batch_sizes(max_batch, target.n_ctx)
     filler = _filler_tokens(target, min(context, target.n_ctx - max(sizes)))
@@ -202,7 +204,7 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
     while len(ones) < SMALL_BATCH_REPEATS:  # a short curve: time one token enough on its own
         ones.append(_time_batch(target, filler, batch[:1]))
     one = float(np.median(ones))
-    context_seconds = _context_slope(target, filler, batch, one)
+    context_seconds = _context_slope(target, filler, batch)
     target.rewind(0)
     if draft is not None:
         draft.rewind(0)
@@ -236,21 +238,33 @@ def timing_spread(timings: list[float]) -> float:
     return float(high / low) if low > 0 else float("inf")
 
 
-def _context_slope(target, filler: list[int], batch: list[int], one: float) -> float:
-    """Seconds a pass grows per batch token per extra context token: one token (`one` seconds
-    after `filler`) and the largest batch timed after DEEPER times as much context (0 where the
-    context is too small to tell). Medians on both sides: one disturbed timing must not skew it."""
-    depth, deep = len(filler), DEEPER * len(filler)
-    if depth == 0 or deep + len(batch) > target.n_ctx:
+def _context_slope(target, filler: list[int], batch: list[int]) -> float:
+    """Seconds a pass grows per batch token per extra context token: one token and the largest batch
+    timed after DEEPER times as much context as `filler` (or as much as the context holds, at least
+    twice) and right after at `filler`'s depth, in CONTEXT_ROUNDS pairs (0 where the context is too
+    small to tell).
+
+    The deeper cache is filled once and brought back from a snapshot for each pair, so the two
+    timings of a pair are a second apart: a growth of 8% of a pass is measured against a machine
+    whose speed drifts by a third within a minute. Timed minutes apart, as before, the slope came
+    out 2e-6 to 5.5e-5 on one machine (2-core EPYC, 2026-12-04); in pairs, 7.8e-6 to 1.2e-5."""
+    depth = len(filler)
+    deep = min(DEEPER * depth, target.n_ctx - len(batch))  # a small context: as deep as it holds
+    if depth == 0 or deep < 2 * depth:
         return 0.0
-    shallow = float(np.median([_time_batch(target, filler, batch) for _ in range(3)]))
     deep_filler = _filler_tokens(target, deep)
-    growth = {
-        1: float(np.median([_time_batch(target, deep_filler, batch[:1]) for _ in range(SMALL_BATCH_REPEATS)])) - one,
-        len(batch): float(np.median([_time_batch(target, deep_filler, batch) for _ in range(3)])) - shallow,
-    }
+    _hold(target, deep_filler)
+    snapshot = target.snapshot()
+    sizes = (1, len(batch))
+    growth: dict[int, list[float]] = {k: [] for k in sizes}
+    for _ in range(CONTEXT_ROUNDS):
+        target.restore(snapshot)
+        deep_seconds = {k: _time_batch(target, deep_filler, batch[:k]) for k in sizes}
+        for k in sizes:
+            growth[k].append(deep_seconds[k] - _time_batch(target, filler, batch[:k]))
+    medians = {k: float(np.median(g)) for k, g in growth.items()}
     # Least squares for growth_k = slope * k * (deep - depth) over the two sizes.
-    slope = sum(k * g for k, g in growth.items()) / (sum(k * k for k in growth) * (deep - depth))
+    slope = sum(k * g for k, g in medians.items()) / (sum(k * k for k in medians) * (deep - depth))
     return max(slope, 0.0)
 
 
@@ -264,12 +278,17 @@ def _filler_tokens(backend, n: int) -> list[int]:
     return (tokens * (n // max(len(tokens), 1) + 1))[:n]
 
 
-def _time_batch(backend, filler: list[int], batch: list[int]) -> float:
-    """Seconds for one pass over `batch` after `filler` (evaluated once and kept)."""
-    if backend.n_past != len(filler):  # fillers of any length share their prefix: keep what is cached
+def _hold(backend, filler: list[int]) -> None:
+    """Make the KV cache hold `filler`: fillers of any length share their prefix, so keep what is cached."""
+    if backend.n_past != len(filler):
         backend.rewind(min(backend.n_past, len(filler)))
         if len(filler) > backend.n_past:
             backend.evaluate(filler[backend.n_past :], [])
+
+
+def _time_batch(backend, filler: list[int], batch: list[int]) -> float:
+    """Seconds for one pass over `batch` after `filler` (evaluated once and kept)."""
+    _hold(backend, filler)
     started = time.perf_counter()
     backend.evaluate(batch, list(range(len(batch))))
     elapsed = time.perf_counter() - started
