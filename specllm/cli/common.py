@@ -53,7 +53,7 @@ def cost_curve(engine: Engine, announce: bool = True):
     if engine.costs_known():
         return engine.costs()
     if announce:
-        stderr.print("measuring the verification cost curve (once for these models; 1-2 min on 2 cores) ...", soft_wrap=True)
+        stderr.print("measuring the verification cost curve (once for these models; 1-3 min on 2 cores) ...", soft_wrap=True)
     costs = engine.costs()
     if not costs.steady and announce:
         warn("other work shared the cores while the cost curve was measured: it serves this run and is measured again next time")
