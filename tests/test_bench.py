@@ -256,7 +256,12 @@ def test_calibration_times_the_deeper_context_from_a_snapshot_of_a_real_cache(ti
     target = LlamaBackend(tiny_pair[0], LoadOptions(n_ctx=2048, n_threads=1))
     restored = []
     restore = target.restore
-    target.restore = lambda snapshot: (restore(snapshot), restored.append(target.n_past))
+
+    def counted_restore(snapshot):
+        restore(snapshot)
+        restored.append(target.n_past)
+
+    target.restore = counted_restore
     costs = measure_costs(target, None, max_batch=8, repeats=1)
     assert restored == [DEEPER * costs.depth] * CONTEXT_ROUNDS  # each pair starts from the deeper cache
     assert costs.context_seconds >= 0.0 and target.n_past == 0
