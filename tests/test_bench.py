@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -10,6 +11,7 @@ from specllm.bench.harness import (
     Run,
     expected_speedup,
     oracle_cost,
+    oracle_speedup,
     parting_points,
     plain_cost,
     run_bench,
@@ -96,6 +98,43 @@ def test_summary_arithmetic():
     assert rows[("a", "off")]["speedup_range"] is None  # off against itself says nothing
     assert rows[("a", "ngram")]["speedup_range"] is None  # one pair: no spread to show
     assert everything["speedup_range"] == [0.5, 2.0]  # runs at 2x and 0.5x pool to 0.8x: the range shows it
+
+
+def test_the_oracle_is_priced_by_the_curve_the_run_learned_and_by_the_calibration_beside_it():
+    """A run's own passes showed the batches dearer than calibration said: the oracle drafting them
+    is priced by what they cost in the run, and the calibration's figure stays in the row."""
+    p0 = PROMPTS[0]
+    text = [1, 2, 3, 4, 5, 6] * 5  # repeats itself: the oracle drafts it
+    runs = [_run(p0, "off", text, 3.0, prompt_tokens=[1, 2, 3, 4, 5, 6]), _run(p0, "auto", text, 1.5, drafted=20, accepted=20, passes=10)]
+    learned = CostModel({k: v * (1.3 if k > 1 else 1.0) for k, v in COSTS.batch_seconds.items()})
+    row = next(r for r in summarize(runs, learned, greedy=True, calibrated=COSTS) if r["strategy"] == "auto")
+    assert row["oracle_speedup"] == round(oracle_speedup(runs[:1], learned), 3)
+    assert row["oracle_speedup_calibrated"] == round(oracle_speedup(runs[:1], COSTS), 3)
+    assert 1.0 < row["oracle_speedup"] < row["oracle_speedup_calibrated"]
+    assert row["share_of_oracle"] == round(row["speedup"] / oracle_speedup(runs[:1], learned), 3)
+    assert "oracle_speedup_calibrated" not in summarize(runs, COSTS, greedy=True)[0]  # one curve: nothing beside it
+
+
+def test_auto_decoders_of_one_engine_share_what_they_learn_of_the_costs(tiny_pair):
+    """Every pass a generation times refines the curve the next generation decides by (a bench's
+    runs, a chat's turns, a server's requests); the calibrated curve, the one cached, stays as measured."""
+    from specllm.backend import LoadOptions
+    from specllm.session import Engine, ModelPaths, SpecConfig
+
+    options = LoadOptions(n_ctx=512, n_threads=1)
+    engine = Engine(ModelPaths(tiny_pair[0]), SpecConfig("auto"), options, options, cost_cache=None)
+    calibrated = CostModel({k: 1.0 + 0.1 * k for k in range(1, 9)})  # a second a pass: the tiny model takes milliseconds
+    engine.costs = lambda max_batch=None: calibrated
+    tokens = engine.encode("Repeat exactly: def add(a, b): return a + b")
+    first = engine.decoder("auto")
+    assert first.drafter.policy.costs is engine.learned_costs()
+    list(first.generate(tokens, 12, SamplingParams(temperature=0.0), np.random.default_rng(0)))
+    learned = engine.learned_costs()
+    assert learned.verify(1) < 0.5 * calibrated.verify(1)  # taught by its passes
+    assert calibrated.batch_seconds == {k: 1.0 + 0.1 * k for k in range(1, 9)}
+    second = engine.decoder("auto")
+    assert second.drafter.policy.costs is learned and second.drafter.policy.cost(1) == learned.verify(1)
+    engine.close()
 
 
 def test_runs_that_drafted_nothing_measure_the_timing_noise_against_off():

@@ -80,8 +80,12 @@ def _one_run(decoder, prompt, strategy, repeat, tokens, settings) -> Run:
 # -- figures ------------------------------------------------------------------------------
 
 
-def summarize(runs: list[Run], costs: CostModel | None, greedy: bool, ngram_sizes=(2, 4)) -> list[dict]:
-    """One row per (category, strategy), plus an "all" category, with speedups against `off`."""
+def summarize(runs: list[Run], costs: CostModel | None, greedy: bool, ngram_sizes=(2, 4), calibrated: CostModel | None = None) -> list[dict]:
+    """One row per (category, strategy), plus an "all" category, with speedups against `off`.
+
+    The oracle is priced by `costs`: the curve as learned over the run where `auto` ran (the
+    calibration, refined by every pass it timed), which prices the sizes drafted to by what they
+    cost in this run; by the `calibrated` curve alone too, when given."""
     rows = []
     categories = sorted({r.prompt.category for r in runs})
     for category in categories + (["all"] if len(categories) > 1 else []):
@@ -92,8 +96,12 @@ def summarize(runs: list[Run], costs: CostModel | None, greedy: bool, ngram_size
         off = by_strategy.get("off")
         off_tok_s = _tok_per_s(off) if off else None
         oracle = oracle_speedup(off, costs, ngram_sizes) if off and costs and greedy else None
+        by_calibration = oracle_speedup(off, calibrated, ngram_sizes) if off and calibrated and greedy else None
         for strategy, group in by_strategy.items():
-            rows.append(_row(category, strategy, group, off, off_tok_s, oracle, costs, greedy))
+            row = _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy)
+            if calibrated is not None:
+                row["oracle_speedup_calibrated"] = round(by_calibration, 3) if by_calibration else None
+            rows.append(row)
     return rows
 
 

@@ -68,14 +68,17 @@ def bench(
     settings = BenchSettings(chosen, max_tokens, params, seed, repeats, warm)
     runs, stopped = _collect(engine, workload, settings)
     partial = stopped is not None
-    rows = summarize(runs, costs, params.greedy, (ngram_min, ngram_max))
+    learned = engine.learned_costs() if "auto" in chosen else costs
+    rows = summarize(runs, learned, params.greedy, (ngram_min, ngram_max), calibrated=costs if learned is not costs else None)
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     out.print(_table(rows))
     out.print(_bars(rows))
-    report = _report(engine, settings, costs, rows, runs, workload, partial, prompts)
+    report = _report(engine, settings, costs, learned, rows, runs, workload, partial, prompts)
     if report["undrafted_pass_ratio"] is not None:
         out.print(_noise_line(report["undrafted_pass_ratio"]))
     out.print(_curve_line(costs))
+    if learned is not costs:
+        out.print(_learned_line(costs, learned))
     if json_file is not None:
         _write(json_file, json.dumps(report, indent=1))
     if plot is not None:
@@ -186,7 +189,17 @@ def _curve_line(costs) -> str:
     return line
 
 
-def _report(engine, settings, costs, rows, runs, workload, partial, prompts_file) -> dict:
+def _learned_line(calibrated, learned, moved: float = 0.05) -> str:
+    """The sizes whose cost relative to one token the run's own passes moved by more than `moved`."""
+    changes = [
+        f"{k}: {calibrated.relative(k):.2f} -> {learned.relative(k):.2f}"
+        for k in sorted(learned.batch_seconds)
+        if k > 1 and abs(learned.relative(k) / calibrated.relative(k) - 1) > moved
+    ]
+    return "learned over the run from auto's passes (the oracle is priced by it): " + (", ".join(changes) if changes else f"no size moved by more than {moved:.0%}")
+
+
+def _report(engine, settings, costs, learned, rows, runs, workload, partial, prompts_file) -> dict:
     parts = parting_points(runs)
     return {
         "partial": partial,
@@ -218,7 +231,8 @@ def _report(engine, settings, costs, rows, runs, workload, partial, prompts_file
         "verify_cost_depth": costs.depth,
         "verify_context_us": round(costs.context_seconds * 1e6, 4),  # per batch token per cached token beyond the depth
         "draft_cost_relative": round(costs.draft_seconds / costs.verify(1), 3) if costs.draft_seconds else None,
-        "costs": costs.to_dict(),  # the whole cost model the run used: scripts/replay_policy.py replays on it
+        "costs": costs.to_dict(),  # the calibrated cost model the run started from: scripts/replay_policy.py replays on it
+        "costs_learned": learned.to_dict(),  # the same, refined by auto's timed passes over the run: what prices the oracle
         "results": rows,
         "undrafted_pass_ratio": undrafted_pass_ratio(runs),  # timing noise: runs that drafted nothing against off's
         "runs": [
