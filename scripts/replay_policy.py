@@ -348,8 +348,8 @@ def load_curve(path: str, max_batch: int):
     if "calibrated" in report:  # a machine file
         costs = CostModel.from_dict(report["calibrated"])
         costs.draft_token_seconds = costs.draft_token_seconds or _draft_token_seconds(report)
-    elif "costs" in report:  # bench --json: the cost model the run used
-        costs = CostModel.from_dict(report["costs"])
+    elif "costs" in report:  # bench --json: the cost model as the run's own passes refined it, else as calibrated
+        costs = CostModel.from_dict(report.get("costs_learned") or report["costs"])
     elif "verify_cost" in report:  # an older bench --json: the curve and the draft step (its reading rate unknown: priced as steps)
         curve = {c["batch"]: c["ms"] / 1000 for c in report["verify_cost"]}
         depth, context_seconds = report.get("verify_cost_depth", 0), report.get("verify_context_us", 0.0) / 1e6

@@ -88,12 +88,16 @@ def test_the_fixed_threshold_baseline_pays_every_draft_step_and_reads_what_it_mu
 
 def test_a_bench_report_replays_on_the_cost_model_its_run_used(tmp_path):
     """`--costs` takes a `bench --json` report: its whole cost model, the draft model's step and reading
-    rate included (an older report without it: the draft step from its relative cost)."""
+    rate included, as the run's passes refined it where `auto` ran (an older report without it: as
+    calibrated; older still: the draft step from its relative cost)."""
     replay = _load()
     costs = CostModel({1: 0.04, 2: 0.066, 4: 0.12}, draft_seconds=0.027, depth=256, context_seconds=2e-6, draft_token_seconds=0.009)
     report = {"verify_cost": costs.curve(), "verify_cost_depth": 256, "draft_cost_relative": 0.675, "costs": costs.to_dict()}
     (tmp_path / "new.json").write_text(json.dumps(report))
     assert replay.load_curve(str(tmp_path / "new.json"), 32) == costs
+    learned = CostModel({1: 0.04, 2: 0.07, 4: 0.13}, draft_seconds=0.027, depth=256, context_seconds=2e-6, draft_token_seconds=0.009)
+    (tmp_path / "learned.json").write_text(json.dumps(report | {"costs_learned": learned.to_dict()}))
+    assert replay.load_curve(str(tmp_path / "learned.json"), 32) == learned
     del report["costs"]
     (tmp_path / "old.json").write_text(json.dumps(report))
     old = replay.load_curve(str(tmp_path / "old.json"), 32)
