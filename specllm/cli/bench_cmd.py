@@ -196,7 +196,8 @@ def _learned_line(calibrated, learned, moved: float = 0.05) -> str:
         for k in sorted(learned.batch_seconds)
         if k > 1 and abs(learned.relative(k) / calibrated.relative(k) - 1) > moved
     ]
-    return "learned over the run from auto's passes (the oracle is priced by it): " + (", ".join(changes) if changes else f"no size moved by more than {moved:.0%}")
+    prefix = "learned over the run from auto's passes (the oracle is priced by it): "
+    return prefix + (", ".join(changes) if changes else f"no size moved by more than {moved:.0%}")
 
 
 def _report(engine, settings, costs, learned, rows, runs, workload, partial, prompts_file) -> dict:
