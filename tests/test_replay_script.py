@@ -224,3 +224,29 @@ def test_auto_reaches_what_an_ngram_policy_told_each_category_copy_lengths_reach
     for category in ("code_edit", "summarization"):
         figures = replayed[curve][category]
         assert figures["told"] / figures["auto"] >= 0.92, (category, round(figures["plain"] / figures["auto"], 3), round(figures["plain"] / figures["told"], 3))
+
+
+def test_passes_timed_exactly_as_the_curve_prices_them_teach_auto_nothing_new(monkeypatch):
+    """The virtual clock charges every pass what the curve says: a draft model's catch-up, its one-token
+    steps (a draft that stopped on the next token's confidence took one more step than it drafted)
+    and the target's batches. What `auto` learns from those timings must leave the curve where it
+    was; an estimate that mistook a step for catch-up would drift, and price the draft model wrong."""
+    from specllm.engine.policy import CostAwarePolicy
+
+    learned = []
+
+    class Watched(CostAwarePolicy):
+        def __init__(self, costs, *args, **kwargs):
+            super().__init__(costs, *args, **kwargs)
+            learned.append(costs)
+
+    monkeypatch.setattr("specllm.engine.policy.CostAwarePolicy", Watched)
+    replay, data = _load(), json.loads((DATA / "dev-streams.json").read_text())
+    data["streams"] = [s for s in data["streams"] if s["category"] in ("qa", "translation")]
+    curve = replay.load_curve(str(DATA / "gpu-rtx3090-32b-estimated.json"), 32)  # the draft model: the main source there
+    replay.simulate(data, curve, draft_max=31)
+    assert len(learned) == len(data["streams"]) * 2  # auto with the draft model, and with the n-gram cache alone
+    for costs in learned:
+        assert costs.draft_token_seconds == pytest.approx(curve.draft_token_seconds, rel=1e-9)
+        assert costs.draft_seconds == pytest.approx(curve.draft_seconds, rel=1e-9)
+        assert all(costs.batch_seconds[k] == pytest.approx(v, rel=1e-9) for k, v in curve.batch_seconds.items())

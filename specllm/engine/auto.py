@@ -95,11 +95,11 @@ class AutoDrafter:
         seconds = time.perf_counter() - started
         caught_up = self.model.caught_up
         self.policy.observe_model_use(caught_up)
+        if caught_up > 1:
+            self.policy.costs.observe_catch_up(caught_up, self.model.catch_up_seconds)
         if not draft.tokens:  # the draft model was not confident enough: its time bought nothing
             self.policy.observe_wasted_model_time(seconds)
             return replace(draft, model_seconds=seconds)
-        if caught_up > 1:  # the catch-up is what the drafting steps after it did not cost
-            self.policy.costs.observe_catch_up(caught_up, seconds - (len(draft.tokens) - 1) * self.policy.costs.draft_seconds)
         draft = replace(draft, model_seconds=seconds)
         self._model_drafted = len(draft.tokens)
         return self._append_copy(draft, max_tokens - len(draft.tokens)) if self._copy else draft
@@ -141,8 +141,8 @@ class AutoDrafter:
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         costs = self.policy.costs
         costs.observe_verify(len(draft.tokens) + 1, verify_seconds, self.policy.context)
-        if draft.source == "draft" and self._model_drafted > 1 and self.model.caught_up == 1:
-            costs.observe_draft(draft.model_seconds / self._model_drafted)  # steps only: no catch-up in it
+        if draft.source == "draft" and self.model.steps:  # the proposal's time beyond its catch-up, per one-token pass
+            costs.observe_draft((draft.model_seconds - self.model.catch_up_seconds) / self.model.steps)
         source = draft.source if draft.tokens else None
         self.policy.observe(
             source, len(draft.tokens), accepted, draft_seconds + verify_seconds, self._keys, self._model_drafted, self._model_from, draft.model_seconds

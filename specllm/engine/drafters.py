@@ -120,6 +120,9 @@ class ModelDrafter:
         model.rewind(0)
         self.kv_tokens: list[int] = []  # what the draft model's KV cache holds, in order
         self.caught_up = 0  # tokens read by the last proposal's catch-up (what `pending` said)
+        self.catch_up_seconds = 0.0  # the time of that catch-up's one pass (it gives the first draft token's logits)
+        self.steps = 0  # one-token passes of the last proposal: one per drafted token, bar the last where the draft
+        # stopped after it (room, end of generation, `look_further`) rather than on the confidence of the next
 
     def propose(self, history, max_tokens, params, rng, keep_going=None, look_further=None) -> Draft | None:
         """Draft token by token while `keep_going(confidence)` (default: confidence >= p_min), and
@@ -135,6 +138,7 @@ class ModelDrafter:
         logits = self._catch_up(history)
         tokens: list[int] = []
         rows: list[np.ndarray] = []
+        self.steps = 0
         while True:
             if params.greedy:
                 if not keep_going(_max_softmax(logits)):
@@ -153,6 +157,7 @@ class ModelDrafter:
                 break
             logits = self._fit(self.model.evaluate([token], [0])[0])
             self.kv_tokens.append(token)
+            self.steps += 1
         if not tokens:  # not confident: an empty draft, so the time spent reading is still accounted
             return Draft([], None, self.source, model_seconds=time.perf_counter() - started)
         q_draft = np.vstack(rows) if rows else None
@@ -185,7 +190,9 @@ class ModelDrafter:
             del self.kv_tokens[keep:]
         new = history[keep:]
         self.caught_up = len(new)
+        started = time.perf_counter()
         logits = self.model.evaluate(new, [len(new) - 1])[0]
+        self.catch_up_seconds = time.perf_counter() - started
         self.kv_tokens.extend(new)
         return self._fit(logits)
 
