@@ -354,9 +354,10 @@ def load_curve(path: str, max_batch: int):
         curve = {c["batch"]: c["ms"] / 1000 for c in report["verify_cost"]}
         depth, context_seconds = report.get("verify_cost_depth", 0), report.get("verify_context_us", 0.0) / 1e6
         costs = CostModel(curve, (report.get("draft_cost_relative") or 0.0) * curve[1], depth, context_seconds)
-    else:  # costs.json: one entry per machine, build and model set, the newest last; the newest with a draft model
-        entries = list(report.values())[::-1]
-        costs = CostModel.from_dict(next((e for e in entries if e.get("draft_seconds")), entries[0]))
+    else:  # costs.json: one entry per machine, build and model set, the newest last; the newest with a draft model,
+        entries = list(report.values())[::-1]  # as `auto`'s passes refined it where they did (`learned`)
+        entry = next((e for e in entries if e.get("draft_seconds")), entries[0])
+        costs = CostModel.from_dict(entry.get("learned") or entry)
     costs.batch_seconds = {k: v for k, v in costs.batch_seconds.items() if k <= max_batch}
     return costs
 

@@ -18,8 +18,10 @@ from specllm.engine.costmodel import (
     CostModel,
     batch_sizes,
     load_costs,
+    load_learned,
     measure_costs,
     save_costs,
+    save_learned,
 )
 from specllm.engine.decode import Decoder, fixed_budget
 from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
@@ -90,6 +92,7 @@ class Engine:
         self.target_info, self.draft_info = target_info, draft_info
         self._costs: CostModel | None = None
         self._learned: CostModel | None = None
+        self.learned_before = 0  # passes the learned curve had folded in when this engine took it from the cache
         self.target = LlamaBackend(paths.target, target_options)
         self.draft = None
         if draft_info is not None:
@@ -113,17 +116,31 @@ class Engine:
         return self._costs
 
     def learned_costs(self) -> CostModel:
-        """The curve `auto` decides by: the calibrated one, refined by every pass its decoders time, for
-        as long as this engine lives (a bench's runs, a chat's turns, a server's requests).
+        """The curve `auto` decides by: the calibrated one, refined by every pass its decoders time
+        (a bench's runs, a chat's turns, a server's requests), and by earlier processes' passes where
+        they kept what they learned in the cache (`keep_learned`).
 
         Calibration times each size a few times in three minutes, and two calibrations of one machine
         differ by 10-15% on some sizes; `auto` drafts to whichever sizes look cheap, so it meets exactly
         the sizes calibration underpriced by chance (2-core EPYC, 2026-12-04: a batch of 32 at 14.5
         single passes in the run's calibration, 16.0-18.1 in four others, and drafted to 74 times in
-        code edits). Learned within one generation only, that is forgotten at the next."""
+        code edits). Learned within one generation only, that is forgotten at the next; within one
+        process only, a user's one-prompt `run`s never gather enough passes to correct it."""
         if self._learned is None:
-            self._learned = self.costs().copy()
+            calibrated = self.costs()
+            kept = load_learned(self.cost_cache, self._cost_key(AUTO_MAX_BATCH), calibrated)
+            self._learned = kept or calibrated.copy()
+            self.learned_before = self._learned.passes
         return self._learned
+
+    def keep_learned(self) -> None:
+        """Keep what this engine's passes taught the curve in the cache, beside the calibration it
+        grew from, for the next process to start from (nothing where no pass was timed, or the
+        calibration is not the cache's: measured on a busy machine, or measured again meanwhile).
+        A size the passes made too dear is avoided and stays so, which costs a little speed; one
+        made too cheap is drafted to, and its passes correct it."""
+        if self._learned is not None and self._learned.passes > self.learned_before:
+            save_learned(self.cost_cache, self._cost_key(AUTO_MAX_BATCH), self.costs(), self._learned)
 
     def costs_known(self, max_batch: int = AUTO_MAX_BATCH) -> bool:
         """Whether `costs` can answer without measuring: held already, or cached for this machine and these models."""

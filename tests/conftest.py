@@ -136,7 +136,11 @@ def _keep_new_costs(cache: Path, session: Path) -> None:
         return  # no costs measured, or a test that damages the file on purpose
     if not isinstance(measured, dict) or not isinstance(known, dict):
         return
-    new = {key: value for key, value in measured.items() if key not in known and isinstance(value, dict)}
+    new = {  # calibrations only: what a test's passes taught one (`learned`) stays with that test
+        key: {field: v for field, v in value.items() if field != "learned"}
+        for key, value in measured.items()
+        if key not in known and isinstance(value, dict)
+    }
     if new:
         session.write_text(json.dumps(known | new), "utf-8")
 

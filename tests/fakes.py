@@ -138,6 +138,7 @@ class FakeEngine:
         self.target = ChatFakeBackend(seed=seed, n_ctx=n_ctx, eog=eog, interrupt_at=interrupt_at, presses=presses)
         self.draft = FakeBackend(seed=seed, n_ctx=n_ctx) if with_draft else None
         self.strategies: list[str] = []
+        self.kept = 0  # keep_learned calls: the command's end, when what auto learned goes to the cache
 
     def decoder(self, strategy: str | None = None) -> Decoder:
         strategy = strategy or "auto"
@@ -152,6 +153,9 @@ class FakeEngine:
             drafters.append(ModelDrafter(self.draft, 0.0))
         drafter = None if not drafters else drafters[0] if len(drafters) == 1 else ChainDrafter(drafters)
         return Decoder(self.target, drafter, fixed_budget(4))
+
+    def keep_learned(self) -> None:
+        self.kept += 1
 
     def close(self) -> None:
         pass

@@ -1,11 +1,14 @@
 """The cost curve is measured so that other work on the machine cannot become its curve for good."""
 
+import json
 import numpy as np
 
 from specllm.backend import LoadOptions
 from specllm.engine import costmodel
-from specllm.engine.costmodel import CostModel, load_costs, measure_costs
+from specllm.engine.costmodel import CostModel, load_costs, measure_costs, save_costs
+from specllm.engine.sampling import SamplingParams
 from specllm.session import Engine, ModelPaths, SpecConfig
+from tests.cli_helpers import specllm_here
 from tests.fakes import VirtualClock
 
 
@@ -155,3 +158,61 @@ def test_a_curve_measured_on_a_busy_machine_serves_the_run_but_is_not_cached(mon
         saved = load_costs(cache, engine._cost_key(32))
         assert (saved is not None) == steady, f"steady={steady}"
         engine.close()
+
+
+# -- what auto learned, kept for the next process ----------------------------------------------
+
+SECOND_A_PASS = CostModel({k: 1.0 + 0.1 * k for k in range(1, 33)})  # the tiny model's passes take milliseconds: every one moves it
+
+
+def _generate_auto(engine: Engine, text: str = "Repeat exactly: def add(a, b): return a + b") -> None:
+    list(engine.decoder("auto").generate(engine.encode(text), 12, SamplingParams(temperature=0.0), np.random.default_rng(0)))
+
+
+def test_what_auto_learned_is_kept_beside_its_calibration_for_the_next_process(tiny_pair, tmp_path):
+    options = LoadOptions(n_ctx=512, n_threads=1)
+    cache = tmp_path / "costs.json"
+    first = Engine(ModelPaths(tiny_pair[0]), SpecConfig("auto"), options, options, cost_cache=cache)
+    key = first._cost_key(32)
+    save_costs(cache, key, SECOND_A_PASS)
+    _generate_auto(first)
+    first.keep_learned()
+    learned = first.learned_costs()
+    first.close()
+    assert learned.passes > 0 and load_costs(cache, key).batch_seconds == SECOND_A_PASS.batch_seconds  # the calibration stays
+
+    second = Engine(ModelPaths(tiny_pair[0]), SpecConfig("auto"), options, options, cost_cache=cache)
+    assert second.costs().batch_seconds == SECOND_A_PASS.batch_seconds
+    assert second.learned_costs().batch_seconds == learned.batch_seconds and second.learned_before == learned.passes
+    _generate_auto(second)
+    save_costs(cache, key, CostModel({k: 2.0 * k for k in range(1, 33)}))  # calibrated again meanwhile (another process)
+    second.keep_learned()  # grew from the calibration the cache no longer holds: not kept
+    assert "learned" not in json.loads(cache.read_text("utf-8"))[key]
+    second.close()
+
+    third = Engine(ModelPaths(tiny_pair[0]), SpecConfig("auto"), options, options, cost_cache=cache)
+    assert third.learned_costs().batch_seconds == {k: 2.0 * k for k in range(1, 33)} and third.learned_before == 0
+    third.keep_learned()  # no pass timed: nothing to keep
+    assert "learned" not in json.loads(cache.read_text("utf-8"))[key]
+    third.close()
+
+
+def test_each_run_starts_from_what_the_runs_before_it_learned(tiny_pair, home, tmp_path):
+    """`specllm run --spec auto`, twice, as a user runs it: the first keeps its passes' lesson in the
+    cache, the second starts from it and adds its own; the calibration itself is never rewritten."""
+    options = LoadOptions(n_ctx=512, n_threads=1)
+    probe = Engine(ModelPaths(*tiny_pair), SpecConfig("auto"), options, options)
+    key = probe._cost_key(32)
+    probe.close()
+    home = home | {"SPECLLM_CACHE": str(tmp_path / "own-cache")}  # not the session's calibrations: this one is made up
+    cache = tmp_path / "own-cache" / "costs.json"
+    save_costs(cache, key, SECOND_A_PASS)
+    args = ["run", "-m", tiny_pair[0], "--draft", tiny_pair[1], "--spec", "auto", "-c", "512", "-n", "8", "-p", "def add(a, b): return a + b"]
+    passes = []
+    for _ in range(2):
+        done = specllm_here(home, *args)
+        assert done.returncode == 0, done.stderr
+        entry = json.loads(cache.read_text("utf-8"))[key]
+        assert CostModel.from_dict(entry).batch_seconds == SECOND_A_PASS.batch_seconds
+        passes.append(entry["learned"]["passes"])
+    assert 0 < passes[0] < passes[1]

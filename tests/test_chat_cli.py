@@ -112,6 +112,7 @@ def test_bye_ends_the_session(engines):
     result = chat(["hi", "/bye", "never sent"], *GREEDY_FLAGS)
     assert result.exit_code == 0
     assert result.stdout == reference_reply(user("hi"), 6) + "\n"
+    assert engines.made[0].kept == 1  # what auto learned of the costs goes to the cache as the chat ends
 
 
 def test_clear_starts_a_new_conversation(engines):

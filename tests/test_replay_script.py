@@ -106,11 +106,14 @@ def test_a_bench_report_replays_on_the_cost_model_its_run_used(tmp_path):
 
 def test_a_costs_cache_replays_on_its_newest_curve_with_a_draft_model(tmp_path):
     """`costs.json` keeps one curve per calibration method, newest last: a user replaying their own
-    cache gets the curve `auto` uses now, not the first one ever measured."""
+    cache gets the curve `auto` uses now, not the first one ever measured, as its passes refined it."""
     replay = _load()
     oldest, newest, alone = (CostModel({1: t, 2: 2 * t}, draft_seconds=d) for t, d in ((0.05, 0.02), (0.04, 0.03), (0.03, 0.0)))
     (tmp_path / "costs.json").write_text(json.dumps({"a": oldest.to_dict(), "b": newest.to_dict(), "c (target alone)": alone.to_dict()}))
     assert replay.load_curve(str(tmp_path / "costs.json"), 32) == newest
+    learned = CostModel({1: 0.04, 2: 0.09}, draft_seconds=0.03, passes=40)
+    (tmp_path / "costs.json").write_text(json.dumps({"a": oldest.to_dict(), "b": newest.to_dict() | {"learned": learned.to_dict()}}))
+    assert replay.load_curve(str(tmp_path / "costs.json"), 32) == learned
 
 
 DATA = Path(__file__).resolve().parent / "data"

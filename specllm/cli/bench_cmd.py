@@ -67,6 +67,7 @@ def bench(
     costs = c.cost_curve(engine)
     settings = BenchSettings(chosen, max_tokens, params, seed, repeats, warm)
     runs, stopped = _collect(engine, workload, settings)
+    engine.keep_learned()
     partial = stopped is not None
     learned = engine.learned_costs() if "auto" in chosen else costs
     rows = summarize(runs, learned, params.greedy, (ngram_min, ngram_max), calibrated=costs if learned is not costs else None)
@@ -78,7 +79,7 @@ def bench(
         out.print(_noise_line(report["undrafted_pass_ratio"]))
     out.print(_curve_line(costs))
     if learned is not costs:
-        out.print(_learned_line(costs, learned))
+        out.print(_learned_line(costs, learned, engine.learned_before))
     if json_file is not None:
         _write(json_file, json.dumps(report, indent=1))
     if plot is not None:
@@ -189,14 +190,16 @@ def _curve_line(costs) -> str:
     return line
 
 
-def _learned_line(calibrated, learned, moved: float = 0.05) -> str:
-    """The sizes whose cost relative to one token the run's own passes moved by more than `moved`."""
+def _learned_line(calibrated, learned, earlier: int = 0, moved: float = 0.05) -> str:
+    """The sizes whose cost relative to one token timed passes moved by more than `moved`: the run's
+    own, after the `earlier` passes of runs before it (kept in the cache)."""
     changes = [
         f"{k}: {calibrated.relative(k):.2f} -> {learned.relative(k):.2f}"
         for k in sorted(learned.batch_seconds)
         if k > 1 and abs(learned.relative(k) / calibrated.relative(k) - 1) > moved
     ]
-    prefix = "learned over the run from auto's passes (the oracle is priced by it): "
+    passes = f"{learned.passes - earlier} passes of this run's auto" + (f" after {earlier} of earlier runs" if earlier else "")
+    prefix = f"cost curve refined by {passes} (the oracle is priced by it): "
     return prefix + (", ".join(changes) if changes else f"no size moved by more than {moved:.0%}")
 
 
@@ -232,8 +235,9 @@ def _report(engine, settings, costs, learned, rows, runs, workload, partial, pro
         "verify_cost_depth": costs.depth,
         "verify_context_us": round(costs.context_seconds * 1e6, 4),  # per batch token per cached token beyond the depth
         "draft_cost_relative": round(costs.draft_seconds / costs.verify(1), 3) if costs.draft_seconds else None,
-        "costs": costs.to_dict(),  # the calibrated cost model the run started from: scripts/replay_policy.py replays on it
-        "costs_learned": learned.to_dict(),  # the same, refined by auto's timed passes over the run: what prices the oracle
+        "costs": costs.to_dict(),  # the calibration (auto starts from it, or from what earlier runs refined of it)
+        "costs_learned": learned.to_dict(),  # the same, refined by auto's timed passes (`passes`; earlier runs' too): what prices the oracle
+        "costs_learned_earlier_passes": engine.learned_before if learned is not costs else None,
         "results": rows,
         "undrafted_pass_ratio": undrafted_pass_ratio(runs),  # timing noise: runs that drafted nothing against off's
         "runs": [

@@ -63,4 +63,7 @@ def chat(
     )
     if interactive and sys.stderr.isatty():
         loop.banner()
-    loop.run(terminal_reader() if interactive else script_reader(sys.stdin))
+    try:
+        loop.run(terminal_reader() if interactive else script_reader(sys.stdin))
+    finally:
+        engine.keep_learned()

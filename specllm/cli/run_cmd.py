@@ -67,6 +67,7 @@ def run(
                 live.update(stats)
             elif isinstance(event, Done):
                 done = event
+    engine.keep_learned()
     if as_json:
         print(json.dumps(_json_result(done, stats, engine, spec_config.strategy), ensure_ascii=False))
     elif done.text and not done.text.endswith("\n"):

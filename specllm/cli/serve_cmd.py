@@ -54,7 +54,10 @@ def serve(
         print(f"specllm serve: {service.model_id} (spec {service.strategy}) on http://{shown}:{bound_port}/v1 "
               "- Ctrl-C stops", file=sys.stderr, flush=True)  # fmt: skip
 
-    run_server(service, host, port, ready, log_level)
+    try:
+        run_server(service, host, port, ready, log_level)
+    finally:
+        engine.keep_learned()
     print("specllm serve: stopped", file=sys.stderr, flush=True)
 
 

@@ -27,6 +27,7 @@ class CostModel:
     context_seconds: float = 0.0  # added per batch token per context token beyond `depth` (attention)
     draft_token_seconds: float = 0.0  # the draft model reading one more committed token in a batch (0: not measured)
     steady: bool = True  # measured on a machine that was not busy with other work (not saved: a busy curve is not cached)
+    passes: int = 0  # timed passes folded in since calibration (this process's and, kept in the cache, earlier ones')
     # every size from 0 to the largest measured, interpolated once: `verify` runs dozens of times a step
     _dense: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
     _dense_of: dict | None = field(default=None, init=False, repr=False, compare=False)
@@ -69,7 +70,8 @@ class CostModel:
         return self.context_seconds * k * (context - self.depth)
 
     def copy(self) -> "CostModel":
-        return CostModel(dict(self.batch_seconds), self.draft_seconds, self.depth, self.context_seconds, self.draft_token_seconds)
+        return CostModel(dict(self.batch_seconds), self.draft_seconds, self.depth, self.context_seconds, self.draft_token_seconds,
+                         passes=self.passes)  # fmt: skip
 
     def relative(self, k: int) -> float:
         return self.verify(k) / self.verify(1)
@@ -83,6 +85,7 @@ class CostModel:
         make every batch look 10% cheaper beside it, and drafts that cannot pay would be chosen
         (seen live: `auto` drafted more, and lost, in the runs where plain decoding was slowest).
         Other sizes learn their own cost at that speed."""
+        self.passes += 1
         if k == 1:
             expected = self.verify(1, context)
             if expected > 0:
@@ -122,6 +125,7 @@ class CostModel:
             "depth": self.depth,
             "context_seconds": self.context_seconds,
             "draft_token_seconds": self.draft_token_seconds,
+            "passes": self.passes,
         }
 
     @classmethod
@@ -132,6 +136,7 @@ class CostModel:
             int(data.get("depth", 0)),
             float(data.get("context_seconds", 0.0)),
             float(data.get("draft_token_seconds", 0.0)),
+            passes=int(data.get("passes", 0)),
         )
 
 
@@ -298,23 +303,49 @@ def _time_batch(backend, filler: list[int], batch: list[int]) -> float:
 
 def load_costs(path: Path | None, key: str) -> CostModel | None:
     """A cost model saved for exactly this machine, build and model set (`key`), or None."""
-    if path is None or not path.is_file():
-        return None
-    try:
-        entry = json.loads(path.read_text("utf-8")).get(key)
-        return CostModel.from_dict(entry) if entry else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # a damaged cache is simply measured again
+    return _entry(_read_cache(path), key)
 
 
 def save_costs(path: Path | None, key: str, costs: CostModel) -> None:
-    if path is None:
+    """Keep a calibration for this key, in place of an earlier one and what was learned from it."""
+    if path is not None:
+        _write_cache(path, _read_cache(path) | {key: costs.to_dict()})
+
+
+def load_learned(path: Path | None, key: str, calibrated: CostModel) -> CostModel | None:
+    """The curve earlier processes refined from this calibration (`save_learned`), or None."""
+    entry = _read_cache(path).get(key)
+    learned = _entry(entry, "learned") if isinstance(entry, dict) else None
+    return learned if learned and learned.batch_seconds.keys() == calibrated.batch_seconds.keys() else None
+
+
+def save_learned(path: Path | None, key: str, calibrated: CostModel, learned: CostModel) -> None:
+    """Keep the refined curve beside the calibration it grew from, for the next process to start from;
+    not where the cache now holds another calibration (measured again meanwhile) or none."""
+    data = _read_cache(path)
+    current = _entry(data, key)
+    if path is None or current is None or current.batch_seconds != calibrated.batch_seconds:
         return
+    data[key] = data[key] | {"learned": learned.to_dict()}
+    _write_cache(path, data)
+
+
+def _entry(data: dict, key: str) -> CostModel | None:
     try:
-        data = json.loads(path.read_text("utf-8")) if path.is_file() else {}
+        return CostModel.from_dict(data[key])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None  # a damaged cache is simply measured again
+
+
+def _read_cache(path: Path | None) -> dict:
+    try:
+        data = json.loads(path.read_text("utf-8")) if path is not None and path.is_file() else {}
     except (OSError, ValueError):
-        data = {}
-    data[key] = costs.to_dict()
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cache(path: Path, data: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
