@@ -1,7 +1,9 @@
 """Share of generation wall time spent outside llama.cpp's evaluation calls (Python drafting,
 verification, bookkeeping) for one generation.
 
-    python scripts/profile_overhead.py [--spec auto] [-n 128] [--row N]   (a code-edit row of dev.jsonl)
+    python scripts/profile_overhead.py [--spec auto] [-n 128] [--category code_edit] [--row N]   (a row of dev.jsonl)
+
+`auto` decides by the cost curve in the cache (measured first, 1-3 minutes, where there is none).
 """
 
 from __future__ import annotations
@@ -19,24 +21,25 @@ def main() -> None:
     parser.add_argument("--spec", default="auto")
     parser.add_argument("-n", type=int, default=128)
     parser.add_argument("--temp", type=float, default=0.0)
-    parser.add_argument("--row", type=int, default=0, help="index among the code_edit rows")
+    parser.add_argument("--category", default="code_edit")
+    parser.add_argument("--row", type=int, default=0, help="index among the category's rows")
     parser.add_argument("--prompts", default=str(Path(__file__).resolve().parents[1].parent / "shared/workloads/dev.jsonl"))
     args = parser.parse_args()
 
     from specllm.backend import LlamaBackend, LoadOptions
     from specllm.engine.decode import Done, PrefillDone
     from specllm.engine.sampling import SamplingParams
-    from specllm.models.catalog import load_registry, resolve_preset_draft
+    from specllm.models.catalog import cache_dir, load_registry, resolve_preset_draft
     from specllm.models.store import resolve_model
     from specllm.session import Engine, ModelPaths, SpecConfig
 
     rows = [json.loads(line) for line in open(args.prompts)]
-    prompt = [r for r in rows if r["category"] == "code_edit"][args.row]["turns"][0]
+    prompt = [r for r in rows if r["category"] == args.category][args.row]["turns"][0]
     reg = load_registry()
     preset = reg.default
     engine = Engine(
         ModelPaths(resolve_model(preset, reg), resolve_model(resolve_preset_draft(preset, reg), reg)),
-        SpecConfig(args.spec), LoadOptions(n_ctx=4096), LoadOptions(),
+        SpecConfig(args.spec), LoadOptions(n_ctx=4096), LoadOptions(), cost_cache=cache_dir() / "costs.json",
     )
     engine.costs()
     inside = [0.0]
