@@ -24,6 +24,7 @@ import openai
 import pytest
 
 from specllm.backend import LlamaBackend, LoadOptions
+from specllm.engine.costmodel import CostModel, save_costs
 from specllm.engine.decode import StepDone
 from specllm.engine.sampling import SamplingParams, warp
 from specllm.server.app import Service
@@ -403,9 +404,9 @@ def test_a_client_that_disconnects_mid_stream_stops_its_generation(paced_server)
 
 
 @contextmanager
-def serve_process(*args):
+def serve_process(*args, env: dict | None = None):
     command = [sys.executable, "-m", "specllm", "serve", "--port", "0", *args]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "NO_COLOR": "1"})
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "NO_COLOR": "1", **(env or {})})
     try:
         ready, _, _ = select.select([process.stderr], [], [], WAIT)  # the first line names the address
         assert ready, "the server printed nothing"
@@ -432,6 +433,25 @@ def test_a_signal_finishes_the_running_request_and_exits_zero(tiny_pair, signum)
         assert chunks[-1].choices and chunks[-1].choices[0].finish_reason in ("stop", "length")
         assert process.wait(WAIT) == 0
         assert "stopped" in process.stderr.read()
+
+
+def test_what_auto_learned_of_the_costs_is_kept_when_the_server_stops(tiny_pair, tmp_path):
+    """The server's requests refine the curve `auto` decides by; stopping keeps it for the next process."""
+    options = LoadOptions(n_ctx=N_CTX, n_threads=1)
+    probe = Engine(ModelPaths(*tiny_pair), SpecConfig("auto"), options, options)
+    key = probe._cost_key(32)
+    probe.close()
+    cache = tmp_path / "cache"  # its own: a made-up calibration must not reach other tests
+    calibrated = CostModel({k: 1.0 + 0.1 * k for k in range(1, 33)})
+    save_costs(cache / "costs.json", key, calibrated)
+    args = ("-m", str(tiny_pair[0]), "--draft", str(tiny_pair[1]), "--spec", "auto", "-c", str(N_CTX), "-t", "1")
+    with serve_process(*args, env={"SPECLLM_CACHE": str(cache)}) as (process, url):
+        client(url).chat.completions.create(model=tiny_pair[0].stem, messages=[{"role": "user", "content": "def add(a, b): return a + b"}],
+                                            max_tokens=8, temperature=0)  # fmt: skip
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(WAIT) == 0
+    entry = json.loads((cache / "costs.json").read_text("utf-8"))[key]
+    assert entry["learned"]["passes"] > 0 and CostModel.from_dict(entry) == calibrated
 
 
 def test_a_port_in_use_is_one_error_line(tiny_pair):
