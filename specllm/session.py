@@ -93,6 +93,7 @@ class Engine:
         self._costs: CostModel | None = None
         self._learned: CostModel | None = None
         self.learned_before = 0  # passes the learned curve had folded in when this engine took it from the cache
+        self._learned_key = ""  # the cache entry it was taken from (and goes back to)
         self.target = LlamaBackend(paths.target, target_options)
         self.draft = None
         if draft_info is not None:
@@ -127,9 +128,8 @@ class Engine:
         code edits). Learned within one generation only, that is forgotten at the next; within one
         process only, a user's one-prompt `run`s never gather enough passes to correct it."""
         if self._learned is None:
-            calibrated = self.costs()
-            kept = load_learned(self.cost_cache, self._cost_key(AUTO_MAX_BATCH), calibrated)
-            self._learned = kept or calibrated.copy()
+            calibrated, self._learned_key = self.costs(), self._cost_key(AUTO_MAX_BATCH)
+            self._learned = load_learned(self.cost_cache, self._learned_key, calibrated) or calibrated.copy()
             self.learned_before = self._learned.passes
         return self._learned
 
@@ -140,7 +140,7 @@ class Engine:
         A size the passes made too dear is avoided and stays so, which costs a little speed; one
         made too cheap is drafted to, and its passes correct it."""
         if self._learned is not None and self._learned.passes > self.learned_before:
-            save_learned(self.cost_cache, self._cost_key(AUTO_MAX_BATCH), self.costs(), self._learned)
+            save_learned(self.cost_cache, self._learned_key, self._costs, self._learned)
 
     def costs_known(self, max_batch: int = AUTO_MAX_BATCH) -> bool:
         """Whether `costs` can answer without measuring: held already, or cached for this machine and these models."""

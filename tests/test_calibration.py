@@ -5,7 +5,7 @@ import numpy as np
 
 from specllm.backend import LoadOptions
 from specllm.engine import costmodel
-from specllm.engine.costmodel import CostModel, load_costs, measure_costs, save_costs
+from specllm.engine.costmodel import CostModel, load_costs, load_learned, measure_costs, save_costs
 from specllm.engine.sampling import SamplingParams
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.cli_helpers import specllm_here
@@ -195,6 +195,16 @@ def test_what_auto_learned_is_kept_beside_its_calibration_for_the_next_process(t
     third.keep_learned()  # no pass timed: nothing to keep
     assert "learned" not in json.loads(cache.read_text("utf-8"))[key]
     third.close()
+
+
+def test_a_damaged_or_mismatched_learned_curve_is_left_for_the_calibration(tmp_path):
+    cache = tmp_path / "costs.json"
+    other_sizes = CostModel({1: 0.1, 2: 0.2}, passes=5).to_dict()
+    for learned in ("garbage", {"batch_seconds": "garbage"}, other_sizes):
+        cache.write_text(json.dumps({"k": SECOND_A_PASS.to_dict() | {"learned": learned}}), "utf-8")
+        assert load_learned(cache, "k", SECOND_A_PASS) is None, learned
+        assert load_costs(cache, "k") == SECOND_A_PASS  # the calibration beside it still serves
+    assert load_learned(tmp_path / "missing.json", "k", SECOND_A_PASS) is None
 
 
 def test_each_run_starts_from_what_the_runs_before_it_learned(tiny_pair, home, tmp_path):

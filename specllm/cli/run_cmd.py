@@ -67,12 +67,12 @@ def run(
                 live.update(stats)
             elif isinstance(event, Done):
                 done = event
-    engine.keep_learned()
     if as_json:
         print(json.dumps(_json_result(done, stats, engine, spec_config.strategy), ensure_ascii=False))
     elif done.text and not done.text.endswith("\n"):
         sys.stdout.write("\n")
     sys.stdout.flush()
+    engine.keep_learned()  # after the text and JSON are out
     if not quiet and (sys.stderr.isatty() or verbose):
         c.stderr.print(summary_text(stats), style="dim" if c._colour_ok() else None, soft_wrap=True)
     if done.finish_reason == "context" and not quiet:

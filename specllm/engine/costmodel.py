@@ -85,15 +85,18 @@ class CostModel:
         make every batch look 10% cheaper beside it, and drafts that cannot pay would be chosen
         (seen live: `auto` drafted more, and lost, in the runs where plain decoding was slowest).
         Other sizes learn their own cost at that speed."""
-        self.passes += 1
         if k == 1:
             expected = self.verify(1, context)
-            if expected > 0:
-                self._rescale(1.0 + LEARNING_RATE * (seconds / expected - 1.0))
+            if expected <= 0:
+                return
+            self._rescale(1.0 + LEARNING_RATE * (seconds / expected - 1.0))
         elif k in self.batch_seconds:
             at_depth = seconds - (self._context_term(k, context) if context is not None else 0.0)
             self.batch_seconds[k] += LEARNING_RATE * (at_depth - self.batch_seconds[k])
             self._dense_of = None  # interpolated sizes beside it move too
+        else:
+            return  # a size never calibrated: nothing to refine
+        self.passes += 1
 
     def _rescale(self, factor: float) -> None:
         """Every cost times `factor`: the machine runs that much slower (or faster) than measured."""
@@ -314,8 +317,7 @@ def save_costs(path: Path | None, key: str, costs: CostModel) -> None:
 
 def load_learned(path: Path | None, key: str, calibrated: CostModel) -> CostModel | None:
     """The curve earlier processes refined from this calibration (`save_learned`), or None."""
-    entry = _read_cache(path).get(key)
-    learned = _entry(entry, "learned") if isinstance(entry, dict) else None
+    learned = _entry(_read_cache(path).get(key) or {}, "learned")
     return learned if learned and learned.batch_seconds.keys() == calibrated.batch_seconds.keys() else None
 
 
@@ -324,8 +326,8 @@ def save_learned(path: Path | None, key: str, calibrated: CostModel, learned: Co
     not where the cache now holds another calibration (measured again meanwhile) or none."""
     data = _read_cache(path)
     current = _entry(data, key)
-    if path is None or current is None or current.batch_seconds != calibrated.batch_seconds:
-        return
+    if current is None or current.batch_seconds != calibrated.batch_seconds:
+        return  # no cache, or not this calibration's
     data[key] = data[key] | {"learned": learned.to_dict()}
     _write_cache(path, data)
 
