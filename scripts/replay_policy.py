@@ -153,7 +153,7 @@ class ReplayBackend:
         self.n_ctx = len(sequence) + 64
         self.n_past = 0
 
-    def evaluate(self, tokens, rows) -> np.ndarray:
+    def evaluate(self, tokens, rows, copy=True) -> np.ndarray:
         self.clock.now += self.costs.verify(len(tokens), self.n_past)
         out = np.zeros((len(rows), self.n_vocab), dtype=np.float32)
         for i, row in enumerate(rows):
@@ -188,7 +188,7 @@ class ReplayDraftBackend:
     def n_past(self) -> int:
         return len(self.kv)
 
-    def evaluate(self, tokens, rows) -> np.ndarray:
+    def evaluate(self, tokens, rows, copy=True) -> np.ndarray:
         self.clock.now += self.costs.catch_up(len(tokens)) if len(tokens) > 1 else self.costs.draft_seconds
         base = len(self.kv)
         self.kv.extend(tokens)

@@ -159,14 +159,23 @@ class LlamaBackend:
 
     # -- evaluation ---------------------------------------------------------------------
 
-    def evaluate(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray:
+    def evaluate(self, tokens: Sequence[int], rows: Sequence[int], copy: bool = True) -> np.ndarray:
         """Append `tokens` to the KV cache; return the logits of `rows` (increasing indices into `tokens`).
 
         Long inputs are split into batches of n_batch; only the requested rows are computed.
+        `copy=False`: for a caller that reads the rows at once, they may be llama.cpp's own buffer
+        (read-only), valid until this model's next evaluate: copying 151,936 logits costs about
+        55 µs a row on a 2-core EPYC, 1.8 ms for a verification of 32, where a GPU's whole pass
+        of 32 tokens takes a few milliseconds.
         """
         if self.n_past + len(tokens) > self.n_ctx:
             raise ContextFull(self.n_past, len(tokens), self.n_ctx)
+        if rows and not 0 <= min(rows) <= max(rows) < len(tokens):
+            raise ValueError(f"rows {list(rows)} are not among the {len(tokens)} tokens evaluated")
         wanted = set(rows)
+        if not copy and 0 < len(tokens) <= self.n_batch:
+            self._decode(tokens, [i in wanted for i in range(len(tokens))])
+            return self._logits(len(wanted))
         out = np.empty((len(wanted), self.n_vocab), dtype=np.float32)
         filled = 0
         for start in range(0, len(tokens), self.n_batch):
@@ -175,10 +184,17 @@ class LlamaBackend:
             self._decode(chunk, flags)
             n_out = sum(flags)
             if n_out:
-                ptr = self._lib.llama_get_logits(self._ctx)
-                out[filled : filled + n_out] = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+                out[filled : filled + n_out] = self._logits(n_out)
                 filled += n_out
         return out
+
+    def _logits(self, n_out: int) -> np.ndarray:
+        """The last batch's `n_out` rows of logits, in llama.cpp's buffer."""
+        if not n_out:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        rows = np.ctypeslib.as_array(self._lib.llama_get_logits(self._ctx), shape=(n_out, self.n_vocab))
+        rows.flags.writeable = False
+        return rows
 
     def _decode(self, chunk: Sequence[int], flags: Sequence[bool]) -> None:
         batch = self._batch

@@ -63,7 +63,7 @@ class FakeBackend:
     def is_eog(self, token: int) -> bool:
         return token == self.eog
 
-    def evaluate(self, tokens, rows) -> np.ndarray:
+    def evaluate(self, tokens, rows, copy=True) -> np.ndarray:
         if self.n_past + len(tokens) > self.n_ctx:
             raise RuntimeError("fake context full")
         self.evaluations.append(len(tokens))
@@ -95,9 +95,9 @@ class LogitsRecorder:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def evaluate(self, tokens, rows):
+    def evaluate(self, tokens, rows, copy=True):
         start = self.inner.n_past
-        out = self.inner.evaluate(tokens, rows)
+        out = self.inner.evaluate(tokens, rows, copy)
         for row, logits in zip(rows, out):
             self.rows[start + row] = logits.copy()
         return out
@@ -123,8 +123,8 @@ class ChatFakeBackend(FakeBackend):
         rendered = "".join(f"<{m['role']}>{m['content']}|" for m in messages)
         return rendered + ("<assistant>" if add_assistant else "")
 
-    def evaluate(self, tokens, rows):
-        out = super().evaluate(tokens, rows)
+    def evaluate(self, tokens, rows, copy=True):
+        out = super().evaluate(tokens, rows, copy)
         if self.interrupt_at is not None and len(self.evaluations) == self.interrupt_at:
             for _ in range(self.presses):
                 os.kill(os.getpid(), signal.SIGINT)

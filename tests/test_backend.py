@@ -118,6 +118,24 @@ def test_prefill_longer_than_n_batch_is_split_into_chunks(target_path):
     assert_same_rows(chunked, whole, "chunked prefill")  # chunks of 16 take other gemm tiles than one of 54
 
 
+def test_rows_read_in_place_are_the_rows_a_copy_holds(target_path):
+    """`copy=False` (the decode loop's verification and the draft model's steps) gives llama.cpp's own
+    buffer, read-only, the same rows a copy holds; a batch longer than n_batch still comes back whole."""
+    small, other = _load(target_path, n_batch=16), _load(target_path, n_batch=16)
+    tokens = small.tokenize(TEXT)[:12]
+    rows = [0, 5, 11]
+    in_place, copied = small.evaluate(tokens, rows, copy=False), other.evaluate(tokens, rows)
+    assert not in_place.flags.writeable and copied.flags.writeable
+    assert np.array_equal(in_place, copied)  # the same batch on the same model: the same numbers
+    assert small.evaluate([7], [], copy=False).shape == (0, small.n_vocab)
+    long = small.tokenize(TEXT * 3)[:40]  # three batches of 16 at most
+    assert len(long) == 40
+    small.rewind(0), other.rewind(0)
+    assert np.array_equal(small.evaluate(long, [3, 20, 39], copy=False), other.evaluate(long, [3, 20, 39]))
+    with pytest.raises(ValueError, match="not among"):  # a row past the batch would read past llama.cpp's buffer
+        small.evaluate([5, 6], [2], copy=False)
+
+
 def test_context_full_is_raised_past_n_ctx(model):
     tokens = [1000 + i for i in range(model.n_ctx - 2)]
     model.evaluate(tokens, [])

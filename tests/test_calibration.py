@@ -29,7 +29,7 @@ class TimedBackend:
     def tokenize(self, text: str) -> list[int]:
         return [3 + (i % 50) for i in range(len(text) // 3)]
 
-    def evaluate(self, tokens, rows) -> np.ndarray:
+    def evaluate(self, tokens, rows, copy=True) -> np.ndarray:
         busy = self.burst[0] <= self.clock.now < self.burst[1]
         if rows:  # a timed pass (filling the context, which asks for no logits, takes no virtual time)
             self.clock.now += _true_cost(len(tokens)) * (self.slowdown if busy else 1.0)
@@ -85,7 +85,7 @@ class SlowingBackend(TimedBackend):
         super().__init__(clock)
         self.slow = False
 
-    def evaluate(self, tokens, rows) -> np.ndarray:
+    def evaluate(self, tokens, rows, copy=True) -> np.ndarray:
         started, cached = self.clock.now, self.n_past
         out = super().evaluate(tokens, rows)
         if rows:
@@ -112,7 +112,7 @@ class DippedBackend(TimedBackend):
         super().__init__(clock)
         self.passes_of_22 = 0
 
-    def evaluate(self, tokens, rows) -> np.ndarray:
+    def evaluate(self, tokens, rows, copy=True) -> np.ndarray:
         started = self.clock.now
         out = super().evaluate(tokens, rows)
         if rows:

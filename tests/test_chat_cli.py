@@ -275,11 +275,11 @@ def test_real_turn_on_reused_caches_equals_a_fresh_session(smollm2_path, capsys)
         loop = ChatLoop(engine, Conversation("You write Python."), settings, "ngram+draft", out=io.StringIO(), interactive=True)
         evaluate, calls = engine.target.evaluate, []
 
-        def evaluate_then_ctrl_c(tokens, rows):  # Ctrl-C during the fourth target pass of turn 1
+        def evaluate_then_ctrl_c(tokens, rows, copy=True):  # Ctrl-C during the fourth target pass of turn 1
             calls.append(len(tokens))
             if len(calls) == 4:
                 os.kill(os.getpid(), signal.SIGINT)
-            return evaluate(tokens, rows)
+            return evaluate(tokens, rows, copy)
 
         engine.target.evaluate = evaluate_then_ctrl_c
         loop.run(reader(["Write a function that reverses a string.", "Now make it reverse a list instead."]))

@@ -172,7 +172,7 @@ class Decoder:
     def _verify(self, draft: Draft, params, rng):
         last = self.history[-1]
         k = len(draft.tokens)
-        logits = self.target.evaluate([last, *draft.tokens], list(range(k + 1)))
+        logits = self.target.evaluate([last, *draft.tokens], list(range(k + 1)), copy=False)
         return verify(logits, draft.tokens, draft.q_draft, params, rng)
 
     def _settle(self) -> None:
@@ -215,7 +215,7 @@ def generate_plain(
         target.evaluate(prompt[:-1], [])
     last, out = prompt[-1], []
     while len(out) < max_tokens and target.n_past < target.n_ctx:
-        logits = target.evaluate([last], [0])[0]
+        logits = target.evaluate([last], [0], copy=False)[0]
         last = argmax(logits) if params.greedy else sample(warp(logits, params), rng)
         if target.is_eog(last):
             break

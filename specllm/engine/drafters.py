@@ -155,7 +155,7 @@ class ModelDrafter:
                 break  # nothing after an end of generation can be committed
             if look_further is not None and not look_further(tokens):
                 break
-            logits = self._fit(self.model.evaluate([token], [0])[0])
+            logits = self._fit(self.model.evaluate([token], [0], copy=False)[0])
             self.kv_tokens.append(token)
             self.steps += 1
         if not tokens:  # not confident: an empty draft, so the time spent reading is still accounted
@@ -191,7 +191,7 @@ class ModelDrafter:
         new = history[keep:]
         self.caught_up = len(new)
         started = time.perf_counter()
-        logits = self.model.evaluate(new, [len(new) - 1])[0]
+        logits = self.model.evaluate(new, [len(new) - 1], copy=False)[0]
         self.catch_up_seconds = time.perf_counter() - started
         self.kv_tokens.extend(new)
         return self._fit(logits)
@@ -241,6 +241,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def _max_softmax(logits: np.ndarray) -> float:
-    """Probability of the most likely token at temperature 1."""
-    z = logits.astype(np.float64) - float(logits.max())
-    return float(1.0 / np.exp(z).sum())
+    """Probability of the most likely token at temperature 1: the exponentials in float32, summed in
+    float64 (a relative error near 1e-7; over a 151,936-token vocabulary float64 took 2.4 ms a
+    draft step, float32 0.4 ms)."""
+    z = np.exp(logits - logits.max(), dtype=np.float32)
+    return float(1.0 / z.sum(dtype=np.float64))

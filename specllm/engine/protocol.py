@@ -21,6 +21,8 @@ class Backend(Protocol):
 
     def is_eog(self, token: int) -> bool: ...
 
-    def evaluate(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray: ...
+    def evaluate(self, tokens: Sequence[int], rows: Sequence[int], copy: bool = True) -> np.ndarray:
+        """Append `tokens` to the KV cache; the logits of `rows`. `copy=False`: the caller reads them
+        before the model's next evaluate, so they may be the model's own buffer."""
 
     def rewind(self, n_past: int) -> None: ...

@@ -48,42 +48,67 @@ def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """
     if params.greedy:
         raise ValueError("warp() is for temperature > 0; use argmax at temperature 0")
-    rows = np.atleast_2d(np.asarray(logits, dtype=np.float64))
-    probs = np.vstack([_warp_row(row, params) for row in rows])
+    rows = np.atleast_2d(np.asarray(logits))
+    probs = np.zeros(rows.shape, dtype=np.float64)
+    for row, out in zip(rows, probs):
+        keep, p = _warp_row(row, params)
+        out[keep] = p
     return probs if np.ndim(logits) == 2 else probs[0]
 
 
-def _warp_row(row: np.ndarray, params: SamplingParams) -> np.ndarray:
-    scaled = row / params.temperature
-    keep = _top_candidates(scaled, params.top_k)
+def _warp_row(row: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens that survive the filters, and their probabilities."""
+    # Top-k on the raw logits (dividing by the temperature keeps their order), then float64 on the
+    # survivors only: over a 151,936-token vocabulary the whole row in float64 took 3.9 ms a row.
+    keep = _top_candidates(row, params.top_k)
+    scaled = row[keep].astype(np.float64) / params.temperature
     # Softmax over the survivors only; everything else stays at probability 0.
-    z = scaled[keep] - scaled[keep].max()
-    p = np.exp(z)
+    p = np.exp(scaled - scaled.max())
     p /= p.sum()
     if params.top_p < 1.0:
         # Keep the smallest set of most likely tokens whose mass reaches top_p (at least one).
-        order = np.argsort(-p, kind="stable")
+        order = _most_likely_first(p, params.top_p)
         cut = int(np.searchsorted(np.cumsum(p[order]), params.top_p)) + 1
         keep, p = keep[order[:cut]], p[order[:cut]]
     if params.min_p > 0.0:
         mask = p >= params.min_p * p.max()
         keep, p = keep[mask], p[mask]
-    out = np.zeros_like(row)
-    out[keep] = p / p.sum()
-    return out
+    return keep, p / p.sum()
 
 
-def _top_candidates(scaled: np.ndarray, top_k: int) -> np.ndarray:
-    """Indices of the top-k logits (all finite ones when top_k is 0 or >= V)."""
-    finite = np.isfinite(scaled)
-    if top_k <= 0 or top_k >= scaled.size:
+def _top_candidates(logits: np.ndarray, top_k: int) -> np.ndarray:
+    """Indices of the top-k logits (all finite ones when top_k is 0 or >= V), in increasing order."""
+    finite = np.isfinite(logits)
+    if top_k <= 0 or top_k >= logits.size:
         return np.flatnonzero(finite)
-    idx = np.argpartition(-scaled, top_k - 1)[:top_k]
-    return idx[finite[idx]]
+    idx = np.argpartition(logits, logits.size - top_k)[logits.size - top_k :]
+    return np.sort(idx[finite[idx]])
+
+
+def _most_likely_first(p: np.ndarray, mass: float) -> np.ndarray:
+    """Indices into `p`, most likely first (ties: lower index first), far enough to hold `mass`: the
+    order of a full stable sort, of the few largest only when they hold it (sorting a whole
+    vocabulary for top-p took 27 ms a row). Every value equal to the last one taken is taken too, so
+    ties at the edge come in the full sort's order."""
+    for n in (64, 1024):
+        if n >= p.size:
+            break
+        edge = np.partition(p, p.size - n)[p.size - n]
+        few = np.flatnonzero(p >= edge)
+        if p[few].sum() >= mass:
+            return few[np.argsort(-p[few], kind="stable")]
+    return np.argsort(-p, kind="stable")
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """One token id drawn from a probability row (inverse CDF on one uniform)."""
+    """One token id drawn from a probability row (inverse CDF on one uniform). Where few tokens have
+    any probability (a top-k row), over those only: the same partial sums at their indices, so the
+    same token for the same uniform, without a cumulative sum over the whole vocabulary."""
+    support = np.flatnonzero(probs > 0)
+    if 0 < support.size <= probs.size // 8:
+        cdf = np.cumsum(probs[support])
+        u = rng.random() * cdf[-1]
+        return int(support[min(np.searchsorted(cdf, u, side="right"), support.size - 1)])
     cdf = np.cumsum(probs)
     u = rng.random() * cdf[-1]
     return int(min(np.searchsorted(cdf, u, side="right"), probs.size - 1))
