@@ -258,6 +258,20 @@ def test_one_token_running_slower_than_measured_slows_every_cost_alike():
     assert costs.verify(16, 512) == pytest.approx(1.2 * measured.verify(16, 512) + LEARNING_RATE * 0.05, rel=1e-3)
 
 
+@pytest.mark.parametrize("sizes", [range(1, 33), (1, 2, 4, 8, 16, 32)])
+def test_a_learning_curve_prices_every_size_as_its_measurements_say(sizes):
+    """`verify` reads a table of every size, kept up to date as passes refine the curve (rebuilt at
+    every step it cost a pass on a GPU a percent): at every step it equals the table built afresh
+    from the measurements, interpolated sizes included."""
+    rng = np.random.default_rng(4)
+    costs = CostModel({k: 0.03 * k**0.6 for k in sizes}, depth=256, context_seconds=6e-6)
+    for _ in range(300):
+        k = int(rng.integers(1, 33))
+        costs.observe_verify(k, costs.verify(k, 400) * rng.uniform(0.8, 1.25), context=400)
+        fresh = CostModel(dict(costs.batch_seconds), depth=256, context_seconds=6e-6)
+        assert [costs.verify(j) for j in range(1, 33)] == pytest.approx([fresh.verify(j) for j in range(1, 33)], rel=1e-12)
+
+
 def test_plain_and_oracle_costs_grow_with_the_context():
     prompt, generated = [5, 6, 7, 8, 9, 5, 6], [7, 8, 1, 2]
     deep = CostModel(dict(COSTS.batch_seconds), depth=0, context_seconds=1e-3)

@@ -93,14 +93,21 @@ class CostModel:
         elif k in self.batch_seconds:
             at_depth = seconds - (self._context_term(k, context) if context is not None else 0.0)
             self.batch_seconds[k] += LEARNING_RATE * (at_depth - self.batch_seconds[k])
-            self._dense_of = None  # interpolated sizes beside it move too
+            if self._dense_of is self.batch_seconds and k - 1 in self.batch_seconds and (k + 1 in self.batch_seconds or k + 1 == len(self._dense)):
+                self._dense[k] = self.batch_seconds[k]  # no size is interpolated beside it (a calibrated curve)
+            else:
+                self._dense_of = None  # interpolated sizes beside it move too
         else:
             return  # a size never calibrated: nothing to refine
         self.passes += 1
 
     def _rescale(self, factor: float) -> None:
         """Every cost times `factor`: the machine runs that much slower (or faster) than measured."""
+        dense = self._dense_of is self.batch_seconds
         self.batch_seconds = {k: v * factor for k, v in self.batch_seconds.items()}
+        if dense:  # interpolation commutes with scaling
+            self._dense = [v * factor for v in self._dense]
+            self._dense_of = self.batch_seconds
         self.draft_seconds *= factor
         self.draft_token_seconds *= factor
         self.context_seconds *= factor
