@@ -99,6 +99,16 @@ def test_warp_of_a_large_vocabulary_equals_the_definition(params):
         assert np.abs(got - expected).max() < 1e-12
 
 
+def test_top_k_ties_at_the_edge_go_to_the_lower_token_ids():
+    logits = np.zeros(1000)
+    logits[[10, 500]] = 3.0
+    logits[[900, 20, 700, 40]] = 2.0  # three places left for four equal logits
+    probs = warp(logits, SamplingParams(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0))
+    assert list(np.flatnonzero(probs)) == [10, 20, 40, 500, 700]
+    few = np.array([-np.inf] * 6 + [1.0, 2.0])  # fewer finite logits than k: only those
+    assert list(np.flatnonzero(warp(few, SamplingParams(temperature=1.0, top_k=4, top_p=1.0, min_p=0.0)))) == [6, 7]
+
+
 def test_top_p_ties_at_the_edge_go_to_the_lower_token_ids():
     """Sixty equal probabilities beside a likelier token: top-p keeps the lowest ids of the tie,
     as one stable sort of the whole row would, though only the few largest are sorted."""
