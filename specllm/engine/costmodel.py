@@ -1,7 +1,8 @@
 """What a target pass and a draft step cost on this machine, with these models.
 
 `measure_costs` times the target on every batch size 1..max_batch at a typical prompt's depth,
-then how much each cached token adds (and the draft model: one step, and its rate reading a batch): 45-180 s for
+then how much each cached token adds (and the draft model: one step, and its rate reading a batch, each
+as drafting runs them: the step with what it reads from its row, the batch with its last row only): 45-180 s for
 batches up to 32 with the default pair on 2 cores, once per machine and model set (the result is
 cached). `CostModel` answers `verify(k, context)` (seconds to evaluate a batch of k tokens after
 `context` cached ones) and keeps learning from the timings of real steps as generation goes.
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from specllm.engine.drafters import read_greedy_row
 
 LEARNING_RATE = 0.1  # weight of one observed step in the running estimate
 
@@ -169,7 +172,7 @@ JITTER_SECONDS = 0.002  # passes shorter than this vary with the scheduler, not 
 # edits at 1.40x where the same curve replayed 1.62x. 16 and 32 stayed cheaper than their
 # neighbours in those rounds too: sizes the kernels favour, which the extra rounds keep.
 DIP_ROUNDS = 4
-CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},paired-rounds={CALIBRATION_ROUNDS},every-size,context-pairs,draft-batch,dips+{DIP_ROUNDS},largest"  # part of the cache key: a new method measures again
+CALIBRATION_METHOD = f"depth={CALIBRATION_DEPTH},paired-rounds={CALIBRATION_ROUNDS},every-size,context-pairs,draft-batch,dips+{DIP_ROUNDS},largest,draft-as-drafted"  # part of the cache key: a new method measures again
 
 
 def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBRATION_DEPTH, repeats: int = CALIBRATION_ROUNDS) -> CostModel:
@@ -206,15 +209,17 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
     ones: list[float] = []
     ratios: dict[int, list[float]] = {k: [] for k in sizes[1:]}
     draft_timings: list[float] = []
-    draft_batch_timings: list[float] = []  # the draft model reading the whole batch: its catch-up rate
+    draft_batch_timings: list[float] = []  # the draft model reading the whole batch as a catch-up: its rate
     for _ in range(rounds):
         for k in sizes[1:]:
             one = _time_batch(target, filler, batch[:1])
             ones.append(one)
             ratios[k].append(_time_batch(target, filler, batch[:k]) / one)
         if draft is not None:
-            draft_timings += [_time_batch(draft, filler, batch[:1]) for _ in range(max(1, SMALL_BATCH_REPEATS // rounds))]
-            draft_batch_timings.append(_time_batch(draft, filler, batch))
+            # As drafting runs them: a step reads its row (confidence, token); a catch-up asks for its
+            # last row only (every row's logits made the 0.5B's batch of 32 cost 27% more on a 2-core EPYC).
+            draft_timings += [_time_batch(draft, filler, batch[:1], read=read_greedy_row) for _ in range(max(1, SMALL_BATCH_REPEATS // rounds))]
+            draft_batch_timings.append(_time_batch(draft, filler, batch, rows=[len(batch) - 1], read=read_greedy_row))
     _confirm_dips(target, filler, batch, ratios, ones)
     while len(ones) < SMALL_BATCH_REPEATS:  # a short curve: time one token enough on its own
         ones.append(_time_batch(target, filler, batch[:1]))
@@ -301,12 +306,14 @@ def _hold(backend, filler: list[int]) -> None:
             backend.evaluate(filler[backend.n_past :], [])
 
 
-def _time_batch(backend, filler: list[int], batch: list[int]) -> float:
-    """Seconds for one pass over `batch` after `filler` (evaluated once and kept), its logits read
-    in place as verification reads them."""
+def _time_batch(backend, filler: list[int], batch: list[int], rows: list[int] | None = None, read=None) -> float:
+    """Seconds for one pass over `batch` after `filler` (evaluated once and kept), with the logits of
+    `rows` (default: every row, as verification asks) read in place, and `read` of the last of them."""
     _hold(backend, filler)
     started = time.perf_counter()
-    backend.evaluate(batch, list(range(len(batch))), copy=False)
+    logits = backend.evaluate(batch, list(range(len(batch))) if rows is None else rows, copy=False)
+    if read is not None:
+        read(logits[-1])
     elapsed = time.perf_counter() - started
     backend.rewind(len(filler))
     return elapsed

@@ -141,9 +141,9 @@ class ModelDrafter:
         self.steps = 0
         while True:
             if params.greedy:
-                if not keep_going(_max_softmax(logits)):
+                confidence, token = read_greedy_row(logits)
+                if not keep_going(confidence):
                     break
-                token = argmax(logits)
             else:
                 q_row = warp(logits, params)
                 if not keep_going(float(q_row.max())):
@@ -238,6 +238,13 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     if a[:n] == b[:n]:
         return n
     return next(i for i in range(n) if a[i] != b[i])
+
+
+def read_greedy_row(logits: np.ndarray) -> tuple[float, int]:
+    """What a greedy draft step reads from its row of logits besides the pass: its confidence and its
+    token (the calibration times a draft step with it: 0.3 ms a row of 151,936, a fifth of a small
+    draft model's step on a GPU)."""
+    return _max_softmax(logits), argmax(logits)
 
 
 def _max_softmax(logits: np.ndarray) -> float:
