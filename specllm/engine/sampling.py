@@ -109,8 +109,9 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """One token id drawn from a probability row (inverse CDF on one uniform). Where few tokens have
     any probability (a top-k row), over those only: the same partial sums at their indices, so the
     same token for the same uniform, without a cumulative sum over the whole vocabulary."""
-    support = np.flatnonzero(probs > 0)
-    if 0 < support.size <= probs.size // 8:
+    positive = probs > 0
+    if 0 < np.count_nonzero(positive) <= probs.size // 8:  # counted first: listing a dense row's support costs more
+        support = np.flatnonzero(positive)
         cdf = np.cumsum(probs[support])
         u = rng.random() * cdf[-1]
         return int(support[min(np.searchsorted(cdf, u, side="right"), support.size - 1)])
