@@ -1,6 +1,8 @@
 """The cost curve is measured so that other work on the machine cannot become its curve for good."""
 
+import io
 import json
+import time
 import numpy as np
 import pytest
 
@@ -255,3 +257,34 @@ def test_each_run_starts_from_what_the_runs_before_it_learned(tiny_pair, home, t
         assert CostModel.from_dict(entry).batch_seconds == SECOND_A_PASS.batch_seconds
         passes.append(entry["learned"]["passes"])
     assert 0 < passes[0] < passes[1]
+
+
+class _CalibratingEngine:
+    """An engine with no cached curve whose calibration takes `seconds` of real time."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def costs_known(self) -> bool:
+        return False
+
+    def costs(self) -> CostModel:
+        time.sleep(self.seconds)
+        return CostModel({1: 0.03, 2: 0.04})
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_calibration_says_what_it_does_and_a_terminal_sees_it_run(monkeypatch, terminal):
+    from rich.console import Console
+
+    from specllm.cli import common
+
+    out = io.StringIO()
+    monkeypatch.setattr(common, "stderr", Console(file=out, force_terminal=terminal, width=100, highlight=False))
+    costs = common.cost_curve(_CalibratingEngine(0.4), announce=True)
+    assert costs.batch_seconds == {1: 0.03, 2: 0.04}
+    text = out.getvalue()
+    assert text.startswith("measuring the verification cost curve (once for these models")
+    # On a terminal a spinner counts the seconds (then is erased); elsewhere the line is all there is.
+    assert ("0:00:00" in text) is terminal
+    assert text.count("\n") == 1 or terminal

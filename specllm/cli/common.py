@@ -52,9 +52,12 @@ def cost_curve(engine: Engine, announce: bool = True):
     (`announce`: say so on stderr); a curve measured while other work was busy says so too."""
     if engine.costs_known():
         return engine.costs()
-    if announce:
+    if not announce:
+        costs = engine.costs()
+    else:
         stderr.print("measuring the verification cost curve (once for these models; 1-3 min on 2 cores) ...", soft_wrap=True)
-    costs = engine.costs()
+        with _elapsed("measuring"):
+            costs = engine.costs()
     if not costs.steady and announce:
         warn("other work shared the cores while the cost curve was measured: it serves this run and is measured again next time")
     return costs
@@ -92,6 +95,19 @@ def warn(message: str) -> None:
         stderr.print(Text.assemble(("warning:", "yellow"), f" {message}"), soft_wrap=True)
     else:
         print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _elapsed(description: str):
+    """A spinner with the seconds elapsed on stderr while the block runs (a terminal only), then gone."""
+    if not stderr.is_terminal:
+        yield
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn(description), TimeElapsedColumn(), console=stderr, transient=True) as bar:
+        bar.add_task(description, total=None)
+        yield
 
 
 @contextmanager
