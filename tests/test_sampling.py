@@ -84,12 +84,15 @@ def _reference_warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         SamplingParams(temperature=1.5, top_k=0, top_p=0.9, min_p=0.0),  # top-p over the whole row
         SamplingParams(temperature=1.0, top_k=0, top_p=0.999, min_p=0.0),  # past the few largest
         SamplingParams(temperature=0.7, top_k=0, top_p=1.0, min_p=0.1),
+        SamplingParams(temperature=1.2, top_k=0, top_p=0.95, min_p=0.05),  # both, on the whole row: the shorter wins
+        SamplingParams(temperature=2.0, top_k=0, top_p=0.5, min_p=0.002),
     ],
 )
 def test_warp_of_a_large_vocabulary_equals_the_definition(params):
-    """warp() filters on float32 logits and sorts only the few most likely tokens for top-p (a 151,936-token
-    row took 3.9 ms, 27 ms with top-p over the whole row): the same tokens survive, with the same
-    probabilities to float64 rounding, as when the whole row is warped in float64."""
+    """warp() filters on float32 logits, applies min-p before top-p and sorts only the few most likely
+    tokens for top-p (a 151,936-token row took 3.9 ms, 27 ms with top-p over the whole row): the same
+    tokens survive, with the same probabilities to float64 rounding, as when the whole row is warped
+    in float64 in the definition's order."""
     rng = np.random.default_rng(7)
     for spread in (1.0, 3.0, 8.0):  # flat to peaked rows: top-p needs thousands of tokens to one
         logits = (rng.standard_normal(20000) * spread).astype(np.float32)

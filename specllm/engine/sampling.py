@@ -65,14 +65,17 @@ def _warp_row(row: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.n
     # Softmax over the survivors only; everything else stays at probability 0.
     p = np.exp(scaled - scaled.max())
     p /= p.sum()
-    if params.top_p < 1.0:
-        # Keep the smallest set of most likely tokens whose mass reaches top_p (at least one).
-        order = _most_likely_first(p, params.top_p)
-        cut = int(np.searchsorted(np.cumsum(p[order]), params.top_p)) + 1
-        keep, p = keep[order[:cut]], p[order[:cut]]
+    # Min-p and top-p each keep the most likely tokens, down to a floor or until a mass: together, the
+    # shorter of the two. Min-p first, a comparison, so that top-p sorts only what min-p keeps (with
+    # top-k off, a whole row at temperature 1.2 took 21 ms to sort).
     if params.min_p > 0.0:
         mask = p >= params.min_p * p.max()
         keep, p = keep[mask], p[mask]
+    if params.top_p < 1.0:
+        # The smallest set of most likely tokens whose mass (of the whole row) reaches top_p, at least one.
+        order = _most_likely_first(p, params.top_p)
+        cut = int(np.searchsorted(np.cumsum(p[order]), params.top_p)) + 1
+        keep, p = keep[order[:cut]], p[order[:cut]]
     return keep, p / p.sum()
 
 
@@ -95,7 +98,7 @@ def _most_likely_first(p: np.ndarray, mass: float) -> np.ndarray:
     order of a full stable sort, of the few largest only when they hold it (sorting a whole
     vocabulary for top-p took 27 ms a row). Every value equal to the last one taken is taken too, so
     ties at the edge come in the full sort's order."""
-    for n in (64, 1024):
+    for n in (64, 1024, 16384):
         if n >= p.size:
             break
         edge = np.partition(p, p.size - n)[p.size - n]
