@@ -49,6 +49,27 @@ def test_first_token_is_distributed_as_target(case):
     assert chi_square_pvalue(samples, expected) > 1e-4
 
 
+def test_a_draft_of_copied_and_sampled_tokens_needs_no_rows_for_the_copied_ones():
+    """An n-gram copy the draft model continues (or that follows its tokens) is one-hot: its rows are
+    None in q_draft, not 1.2 MB of zeros each, and verification decides exactly as with dense one-hot
+    rows, uniform for uniform."""
+    rng = np.random.default_rng(11)
+    v = 8
+    for copied_first in (True, False):
+        for trial in range(400):
+            p_target = np.vstack([_dist(rng, v, zeros=trial % 3) for _ in range(6)])
+            model_rows = [_dist(rng, v) for _ in range(2)]
+            copy = [int(t) for t in rng.integers(0, v, 3)]
+            sampled = [sample(row, rng) for row in model_rows]
+            tokens = copy + sampled if copied_first else sampled + copy
+            listed = [None] * 3 + model_rows if copied_first else model_rows + [None] * 3
+            dense = np.vstack([np.eye(v)[t] if row is None else row for t, row in zip(tokens, listed)])
+            seed = int(rng.integers(1 << 30))
+            assert verify_sampled(p_target, tokens, listed, np.random.default_rng(seed)) == verify_sampled(
+                p_target, tokens, dense, np.random.default_rng(seed)
+            )
+
+
 def test_statistical_check_detects_a_biased_verifier():
     """The check above can fail: always accepting the draft is caught."""
     rng = np.random.default_rng(3)

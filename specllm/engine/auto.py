@@ -10,8 +10,6 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-import numpy as np
-
 from specllm.engine.drafters import Draft, ModelDrafter, NgramDrafter
 from specllm.engine.policy import Beta, CostAwarePolicy
 
@@ -64,10 +62,8 @@ class AutoDrafter:
             return replace(copy, model_seconds=extension.model_seconds)
         self._model_from = n
         q_draft = extension.q_draft
-        if q_draft is not None:  # the copy's rows are one-hot: an n-gram draft is exact
-            rows = np.zeros((n, q_draft.shape[1]), dtype=q_draft.dtype)
-            rows[np.arange(n), copy.tokens] = 1.0
-            q_draft = np.vstack([rows, q_draft])
+        if q_draft is not None:  # the copy's tokens are one-hot: an n-gram draft is exact
+            q_draft = [None] * n + list(q_draft)
         return replace(copy, tokens=copy.tokens + extension.tokens, q_draft=q_draft, model_seconds=extension.model_seconds)
 
     def _propose_from_model(self, history, max_tokens, params, rng, after: list[float] = ()) -> Draft | None:
@@ -117,15 +113,13 @@ class AutoDrafter:
         return None
 
     def _append_copy(self, draft: Draft, room: int) -> Draft:
-        """The draft model's tokens, then the copy it ran into (one-hot rows: an n-gram draft is exact)."""
+        """The draft model's tokens, then the copy it ran into (one-hot: an n-gram draft is exact)."""
         tokens, keys = self._copy
         tokens, keys = tokens[:room], keys[:room]
         self._keys += keys
         q_draft = draft.q_draft
         if q_draft is not None:
-            rows = np.zeros((len(tokens), q_draft.shape[1]), dtype=q_draft.dtype)
-            rows[np.arange(len(tokens)), tokens] = 1.0
-            q_draft = np.vstack([q_draft, rows])
+            q_draft = list(q_draft) + [None] * len(tokens)
         return replace(draft, tokens=draft.tokens + tokens, q_draft=q_draft)
 
     def commit(self, history) -> None:

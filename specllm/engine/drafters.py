@@ -1,15 +1,16 @@
 """Draft sources behind one interface: the n-gram cache, a draft model, and their chain.
 
 A drafter proposes up to `max_tokens` tokens that continue the committed history. A
-proposal carries the draft distributions it sampled from (`q_draft`, one row per token)
-or None when it is deterministic (one-hot q), as the n-gram cache is.
+proposal carries the draft distributions it sampled from (`q_draft`, one row per token; None
+for a token drawn deterministically, one-hot q, as the n-gram cache's are), or None when every
+token is.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -21,7 +22,9 @@ from specllm.engine.sampling import SamplingParams, argmax, sample, warp
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int]
-    q_draft: np.ndarray | None  # (len(tokens), V) warped draft probabilities; None means one-hot
+    # A warped draft probability row (V,) per token, None for one-hot on it (an n-gram token), or None: all one-hot.
+    # A list, not a stacked array: at 151,936 tokens a row is 1.2 MB, and one-hot rows need none.
+    q_draft: Sequence[np.ndarray | None] | None
     source: str  # "ngram" or "draft"
     span: int = 0  # n-gram: how many tokens of context agree with the copied text; draft model: 0
     model_seconds: float = 0.0  # time the draft model spent on this proposal (its catch-up included)
@@ -160,8 +163,7 @@ class ModelDrafter:
             self.steps += 1
         if not tokens:  # not confident: an empty draft, so the time spent reading is still accounted
             return Draft([], None, self.source, model_seconds=time.perf_counter() - started)
-        q_draft = np.vstack(rows) if rows else None
-        return Draft(tokens, q_draft, self.source, model_seconds=time.perf_counter() - started)
+        return Draft(tokens, rows or None, self.source, model_seconds=time.perf_counter() - started)
 
     def pending(self, history: list[int]) -> int:
         """How many committed tokens the draft model must read before it can draft (at least 1)."""

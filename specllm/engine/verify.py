@@ -7,6 +7,7 @@ decide how many drafted tokens to keep and which token the target adds after the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -31,22 +32,24 @@ def verify_greedy(target_logits: np.ndarray, draft: list[int]) -> Verdict:
 def verify_sampled(
     p_target: np.ndarray,
     draft: list[int],
-    q_draft: np.ndarray | None,
+    q_draft: Sequence[np.ndarray | None] | None,
     rng: np.random.Generator,
 ) -> Verdict:
     """Temperature > 0: rejection sampling (Leviathan et al., Chen et al.).
 
     `p_target` are warped probabilities, k+1 rows. `q_draft` are the draft's warped
-    probabilities, k rows, or None for a deterministic (one-hot) draft such as the n-gram cache.
+    probabilities, k rows (a row None: that token was drawn deterministically, one-hot q, as the
+    n-gram cache's are), or None when every token was.
     Accept token x with probability min(1, p/q); at the first rejection sample from
     normalize(max(0, p - q)); when every token passes, sample the bonus from the last row.
     """
     for i, token in enumerate(draft):
         p_row = p_target[i]
-        q_x = 1.0 if q_draft is None else float(q_draft[i, token])
+        q_row = None if q_draft is None else q_draft[i]
+        q_x = 1.0 if q_row is None else float(q_row[token])
         if q_x > 0.0 and rng.random() * q_x < p_row[token]:
             continue
-        return Verdict(i, sample(residual(p_row, q_draft[i] if q_draft is not None else None, token), rng))
+        return Verdict(i, sample(residual(p_row, q_row, token), rng))
     return Verdict(len(draft), sample(p_target[len(draft)], rng))
 
 
@@ -66,7 +69,7 @@ def residual(p_row: np.ndarray, q_row: np.ndarray | None, token: int) -> np.ndar
 def verify(
     target_logits: np.ndarray,
     draft: list[int],
-    q_draft: np.ndarray | None,
+    q_draft: Sequence[np.ndarray | None] | None,
     params: SamplingParams,
     rng: np.random.Generator,
 ) -> Verdict:
