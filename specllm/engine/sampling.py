@@ -79,14 +79,27 @@ def _warp_row(row: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.n
     return keep, p / p.sum()
 
 
+SUBSAMPLE = 16  # top-k looks first at every 16th logit: see `_top_candidates`
+
+
 def _top_candidates(logits: np.ndarray, top_k: int) -> np.ndarray:
     """Indices of the top-k finite logits (ties at the k-th value: the lowest ids), or of all finite
     ones when top_k is 0 or >= V, in increasing order. The k-th value by a partition of the values
-    alone, then a threshold: half the time of partitioning the indices."""
+    alone, then a threshold: half the time of partitioning the indices. And only among the logits
+    at least as large as the k-th largest of every SUBSAMPLE-th one: those k are in the row, so the
+    row's k largest are among them (about SUBSAMPLE * k of 151,936: 0.18 -> 0.08 ms a row)."""
     if top_k <= 0 or top_k >= logits.size:
         return np.flatnonzero(np.isfinite(logits))
-    kth = np.partition(logits, logits.size - top_k)[logits.size - top_k]
-    idx = np.flatnonzero(logits >= kth)
+    pool = None
+    sample = logits[::SUBSAMPLE]
+    if sample.size > top_k:
+        floor = np.partition(sample, sample.size - top_k)[sample.size - top_k]
+        pool = np.flatnonzero(logits >= floor)
+    values = logits if pool is None else logits[pool]
+    kth = np.partition(values, values.size - top_k)[values.size - top_k]
+    idx = np.flatnonzero(values >= kth)
+    if pool is not None:
+        idx = pool[idx]
     if idx.size > top_k:
         above = idx[logits[idx] > kth]
         idx = np.union1d(above, idx[logits[idx] == kth][: top_k - above.size])
