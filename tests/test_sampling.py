@@ -3,7 +3,7 @@ import pytest
 from scipy import stats as scistats
 
 from specllm.engine.drafters import _max_softmax
-from specllm.engine.sampling import SamplingParams, argmax, sample, warp
+from specllm.engine.sampling import SamplingParams, argmax, draw, sample, warp
 from specllm.errors import UsageError
 
 
@@ -135,6 +135,26 @@ def test_sampling_a_sparse_row_draws_the_token_the_whole_row_draws():
             cdf = np.cumsum(probs)
             u = np.random.default_rng(seed).random() * cdf[-1]
             assert sample(probs, np.random.default_rng(seed)) == int(np.searchsorted(cdf, u, side="right"))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.8),
+        SamplingParams(temperature=1.3, top_k=0, top_p=0.9, min_p=0.0),  # survivors listed by probability
+        SamplingParams(temperature=0.6, top_k=0, top_p=1.0, min_p=0.02),  # listed by id
+        SamplingParams(temperature=2.0, top_k=0, top_p=1.0, min_p=0.0),  # nothing filtered: the whole row
+    ],
+)
+def test_drawing_from_the_survivors_is_sampling_the_warped_row(params):
+    """draw() skips the whole-vocabulary row a plain step's token came from: for the same uniform it
+    must give exactly the token sample(warp()) gives."""
+    rng = np.random.default_rng(9)
+    for spread in (0.5, 2.0, 6.0):
+        logits = (rng.standard_normal(20000) * spread).astype(np.float32)
+        logits[rng.choice(20000, 30, replace=False)] = -np.inf
+        for seed in range(40):
+            assert draw(logits, params, np.random.default_rng(seed)) == sample(warp(logits, params), np.random.default_rng(seed))
 
 
 def test_the_draft_models_confidence_is_its_top_probability():

@@ -17,7 +17,7 @@ import numpy as np
 
 from specllm.engine.drafters import Draft, Drafter, common_prefix
 from specllm.engine.protocol import Backend
-from specllm.engine.sampling import SamplingParams, argmax, sample, warp
+from specllm.engine.sampling import SamplingParams, argmax, draw
 from specllm.engine.verify import verify
 from specllm.errors import SpecllmError
 
@@ -216,7 +216,7 @@ def generate_plain(
     last, out = prompt[-1], []
     while len(out) < max_tokens and target.n_past < target.n_ctx:
         logits = target.evaluate([last], [0], copy=False)[0]
-        last = argmax(logits) if params.greedy else sample(warp(logits, params), rng)
+        last = argmax(logits) if params.greedy else draw(logits, params, rng)
         if target.is_eog(last):
             break
         out.append(last)

@@ -128,12 +128,27 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     positive = probs > 0
     if 0 < np.count_nonzero(positive) <= probs.size // 8:  # counted first: listing a dense row's support costs more
         support = np.flatnonzero(positive)
-        cdf = np.cumsum(probs[support])
-        u = rng.random() * cdf[-1]
-        return int(support[min(np.searchsorted(cdf, u, side="right"), support.size - 1)])
+        return _inverse_cdf(support, probs[support], rng)
     cdf = np.cumsum(probs)
     u = rng.random() * cdf[-1]
     return int(min(np.searchsorted(cdf, u, side="right"), probs.size - 1))
+
+
+def draw(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """sample(warp(logits, params), rng): the same token for the same uniform, from the tokens that
+    survive the filters without a whole-vocabulary row of probabilities (a plain step's token)."""
+    keep, p = _warp_row(np.asarray(logits), params)
+    if keep.size > logits.size // 8:  # few filters: the row as `sample` takes it
+        return sample(warp(logits, params), rng)
+    order = np.argsort(keep)  # by token id, as `sample` sums them
+    return _inverse_cdf(keep[order], p[order], rng)
+
+
+def _inverse_cdf(tokens: np.ndarray, probs: np.ndarray, rng: np.random.Generator) -> int:
+    """The token whose cumulative probability (in the order given: by id) first passes one uniform."""
+    cdf = np.cumsum(probs)
+    u = rng.random() * cdf[-1]
+    return int(tokens[min(np.searchsorted(cdf, u, side="right"), tokens.size - 1)])
 
 
 def argmax(logits: np.ndarray) -> int:

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specllm.engine.sampling import SamplingParams, argmax, sample, warp
+from specllm.engine.sampling import SamplingParams, argmax, draw, sample, warp
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,8 @@ def verify_sampled(
         if q_x > 0.0 and rng.random() * q_x < p_row[token]:
             continue
         return Verdict(i, sample(residual(p_row, q_row, token), rng))
-    return Verdict(len(draft), sample(p_target[len(draft)], rng))
+    bonus = len(draft)
+    return Verdict(bonus, p_target.draw(bonus, rng) if isinstance(p_target, _WarpedRows) else sample(p_target[bonus], rng))
 
 
 def residual(p_row: np.ndarray, q_row: np.ndarray | None, token: int) -> np.ndarray:
@@ -87,3 +88,7 @@ class _WarpedRows:
 
     def __getitem__(self, i: int) -> np.ndarray:
         return warp(self.logits[i], self.params)
+
+    def draw(self, i: int, rng: np.random.Generator) -> int:
+        """A token from row i, as sample(self[i], rng) draws it, without the whole row."""
+        return draw(self.logits[i], self.params, rng)
