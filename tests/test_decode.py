@@ -297,6 +297,49 @@ def test_an_ngram_draft_the_draft_model_continues_keeps_the_target_distribution(
     assert chi_square_pvalue(samples, expected) > 1e-4
 
 
+class _ModelThenCopy(CostAwarePolicy):
+    """Every step asks the draft model, which stops as soon as the text it writes has become a copy
+    the n-gram cache can go on with (up to two copied tokens): the other mixed draft."""
+
+    def plan(self, proposal, pending):
+        return Plan("draft", draft_tokens=3)
+
+    def worth_including(self, acceptance, next_acceptance):
+        return True
+
+    def worth_looking_further(self, acceptance):
+        return True
+
+    def ngram_draft(self, proposal):
+        return self.ngram_keys(proposal, min(len(proposal.tokens), 2))
+
+    def copy_beats_model(self, acceptance, copy):
+        return True
+
+
+def test_a_copy_after_the_draft_models_tokens_keeps_the_target_distribution(virtual_clock):
+    """One verification over the draft model's tokens (their q rows) and the copy they ran into
+    (one-hot, no rows): the sequences follow the target's distribution, copies accepted and rejected."""
+    v, length = 5, 3
+    prompt = [1, 2, 1, 2, 1]
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    expected = _exact_distribution(0, prompt, length, params, v)
+    rng = np.random.default_rng(13)
+    samples, outcomes = [], Counter()
+    for _ in range(SAMPLES):
+        draft = FakeBackend(n_vocab=v, seed=1, clock=virtual_clock, pass_seconds=AUTO_COSTS.catch_up)
+        drafter = AutoDrafter(NgramDrafter(1, 3), ModelDrafter(draft, 0.0), _ModelThenCopy(AUTO_COSTS.copy(), has_draft_model=True))
+        decoder = Decoder(_target(v, clock=virtual_clock), drafter, fixed_budget(3))
+        for event in decoder.generate(prompt, length, params, rng):
+            if isinstance(event, StepDone) and event.source == "draft" and event.drafted > drafter._model_drafted:  # a copy followed
+                outcomes["copy reached" if event.accepted >= drafter._model_drafted else "copy not reached"] += 1
+                outcomes["all accepted" if event.accepted == event.drafted else "rejected"] += 1
+            elif isinstance(event, Done):
+                samples.append(tuple(event.tokens))
+    assert min(outcomes[o] for o in ("copy reached", "copy not reached", "all accepted", "rejected")) >= 100, outcomes
+    assert chi_square_pvalue(samples, expected) > 1e-4
+
+
 def test_an_ngram_draft_the_draft_model_continues_is_greedy_text_unchanged(virtual_clock):
     reference = generate_plain(FakeBackend(seed=0), PROMPT, 40, GREEDY, np.random.default_rng(0))
     draft = FakeBackend(seed=1, clock=virtual_clock, pass_seconds=AUTO_COSTS.catch_up)
