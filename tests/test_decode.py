@@ -274,41 +274,46 @@ class _NgramThenModel(CostAwarePolicy):
         return True
 
 
-def test_an_ngram_draft_the_draft_model_continues_keeps_the_target_distribution(virtual_clock):
-    """One verification over a copied token (one-hot q) and the draft model's tokens after it (their
-    own q rows): the sequences follow the target's distribution, with drafts accepted and rejected."""
-    v, length = 5, 3
-    prompt = [1, 2, 1, 2, 1]
+def _mixed_drafts(policy, seed, clock, classify) -> None:
+    """SAMPLES generations of 3 tokens after [1, 2, 1, 2, 1] at temperature 1 by an `auto` whose policy
+    forces one kind of mixed draft; `classify(step, drafter)` names the outcomes of each such step.
+    Each outcome must occur 100+ times and the sequences must follow the target's distribution."""
+    v, length, prompt = 5, 3, [1, 2, 1, 2, 1]
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     expected = _exact_distribution(0, prompt, length, params, v)
-    rng = np.random.default_rng(12)
+    rng = np.random.default_rng(seed)
     samples, outcomes = [], Counter()
     for _ in range(SAMPLES):
-        draft = FakeBackend(n_vocab=v, seed=1, clock=virtual_clock, pass_seconds=AUTO_COSTS.catch_up)
-        drafter = AutoDrafter(NgramDrafter(1, 3), ModelDrafter(draft, 0.0), _NgramThenModel(AUTO_COSTS.copy(), has_draft_model=True))
-        decoder = Decoder(_target(v, clock=virtual_clock), drafter, fixed_budget(3))
+        draft = FakeBackend(n_vocab=v, seed=1, clock=clock, pass_seconds=AUTO_COSTS.catch_up)
+        drafter = AutoDrafter(NgramDrafter(1, 3), ModelDrafter(draft, 0.0), policy(AUTO_COSTS.copy(), has_draft_model=True))
+        decoder = Decoder(_target(v, clock=clock), drafter, fixed_budget(3))
         for event in decoder.generate(prompt, length, params, rng):
-            if isinstance(event, StepDone) and event.source == "ngram" and event.drafted > 1:  # the model drafted after the copy
-                outcomes["copy accepted" if event.accepted >= 1 else "copy rejected"] += 1
-                outcomes["all accepted" if event.accepted == event.drafted else "rejected"] += 1
+            if isinstance(event, StepDone):
+                outcomes.update(classify(event, drafter))
             elif isinstance(event, Done):
                 samples.append(tuple(event.tokens))
-    assert min(outcomes[o] for o in ("copy accepted", "copy rejected", "all accepted", "rejected")) >= 100, outcomes
+    assert len(outcomes) == 4 and min(outcomes.values()) >= 100, outcomes
     assert chi_square_pvalue(samples, expected) > 1e-4
 
 
-class _ModelThenCopy(CostAwarePolicy):
+def test_an_ngram_draft_the_draft_model_continues_keeps_the_target_distribution(virtual_clock):
+    """One verification over a copied token (one-hot q) and the draft model's tokens after it (their
+    own q rows): the sequences follow the target's distribution, with drafts accepted and rejected."""
+
+    def classify(step, drafter):
+        if step.source != "ngram" or step.drafted <= 1:  # the model drafted after the copy
+            return []
+        return ["copy accepted" if step.accepted >= 1 else "copy rejected", "all accepted" if step.accepted == step.drafted else "rejected"]
+
+    _mixed_drafts(_NgramThenModel, 12, virtual_clock, classify)
+
+
+class _ModelThenCopy(_NgramThenModel):
     """Every step asks the draft model, which stops as soon as the text it writes has become a copy
     the n-gram cache can go on with (up to two copied tokens): the other mixed draft."""
 
     def plan(self, proposal, pending):
         return Plan("draft", draft_tokens=3)
-
-    def worth_including(self, acceptance, next_acceptance):
-        return True
-
-    def worth_looking_further(self, acceptance):
-        return True
 
     def ngram_draft(self, proposal):
         return self.ngram_keys(proposal, min(len(proposal.tokens), 2))
@@ -320,24 +325,14 @@ class _ModelThenCopy(CostAwarePolicy):
 def test_a_copy_after_the_draft_models_tokens_keeps_the_target_distribution(virtual_clock):
     """One verification over the draft model's tokens (their q rows) and the copy they ran into
     (one-hot, no rows): the sequences follow the target's distribution, copies accepted and rejected."""
-    v, length = 5, 3
-    prompt = [1, 2, 1, 2, 1]
-    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    expected = _exact_distribution(0, prompt, length, params, v)
-    rng = np.random.default_rng(13)
-    samples, outcomes = [], Counter()
-    for _ in range(SAMPLES):
-        draft = FakeBackend(n_vocab=v, seed=1, clock=virtual_clock, pass_seconds=AUTO_COSTS.catch_up)
-        drafter = AutoDrafter(NgramDrafter(1, 3), ModelDrafter(draft, 0.0), _ModelThenCopy(AUTO_COSTS.copy(), has_draft_model=True))
-        decoder = Decoder(_target(v, clock=virtual_clock), drafter, fixed_budget(3))
-        for event in decoder.generate(prompt, length, params, rng):
-            if isinstance(event, StepDone) and event.source == "draft" and event.drafted > drafter._model_drafted:  # a copy followed
-                outcomes["copy reached" if event.accepted >= drafter._model_drafted else "copy not reached"] += 1
-                outcomes["all accepted" if event.accepted == event.drafted else "rejected"] += 1
-            elif isinstance(event, Done):
-                samples.append(tuple(event.tokens))
-    assert min(outcomes[o] for o in ("copy reached", "copy not reached", "all accepted", "rejected")) >= 100, outcomes
-    assert chi_square_pvalue(samples, expected) > 1e-4
+
+    def classify(step, drafter):
+        model = drafter._model_drafted
+        if step.source != "draft" or step.drafted <= model:  # a copy followed the model's tokens
+            return []
+        return ["copy reached" if step.accepted >= model else "copy not reached", "all accepted" if step.accepted == step.drafted else "rejected"]
+
+    _mixed_drafts(_ModelThenCopy, 13, virtual_clock, classify)
 
 
 def test_an_ngram_draft_the_draft_model_continues_is_greedy_text_unchanged(virtual_clock):
