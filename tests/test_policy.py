@@ -311,20 +311,33 @@ def test_a_few_unlucky_first_drafts_do_not_end_a_draft_model_that_may_pay():
     assert policy.plan(None, pending=1).source == "draft"
 
 
+def _first_model_use(curve: CostModel, prompt_length: int, tokens: int = 128) -> int | None:
+    """The step at which the draft model is first consulted, plain decoding until then."""
+    policy = CostAwarePolicy(curve.copy(), draft_max=31, has_draft_model=True)
+    _start(policy, prompt_length=prompt_length)
+    for step in range(tokens):
+        policy.at_step(prompt_length - 1 + step, tokens - step)
+        if policy.plan(None, pending=prompt_length + step).source == "draft":
+            return step
+        policy.observe(None, 0, 0, curve.verify(1), [])
+    return None
+
+
 def test_a_long_prompt_is_read_only_once_the_generation_shows_it_is_long():
     """Reading a 700-token prompt costs the draft model several target passes: not at the first
     steps (a retrieval answer may end after 20 tokens), but once the generation has run long enough
     for the draft model to win the reading back over as many tokens again."""
-    policy = CostAwarePolicy(FLAT.copy(), draft_max=31, has_draft_model=True)
-    _start(policy, prompt_length=700)
-    first_use = None
-    for step in range(128):
-        policy.at_step(699 + step, 128 - step)
-        if policy.plan(None, pending=700 + step).source == "draft":
-            first_use = step
-            break
-        policy.observe(None, 0, 0, FLAT.verify(1), [])
+    first_use = _first_model_use(FLAT, 700)
     assert first_use is not None and 10 <= first_use < 100
+
+
+def test_an_answer_just_begun_is_expected_to_run_a_few_tokens():
+    """At the first step nothing shows how long the answer will run, but it will run a few tokens
+    (the shortest recorded answers run 13-20): with a 32B target the draft model reads a 500-token
+    prompt at once, since it wins that back within a dozen tokens, and a 3000-token one only once
+    the answer has run."""
+    assert _first_model_use(BIG_GPU, 500) == 0
+    assert 10 <= _first_model_use(BIG_GPU, 3000) < 100
 
 
 # Shaped like ../shared/machines/gpu-rtx3090-32b-estimated.json: a 32B target whose batches are nearly

@@ -24,7 +24,7 @@ generation (`Beta` estimates with the priors of `priors.py`):
 The draft model must read every committed token it has not seen before it drafts: the whole prompt
 before its first use, then whatever n-gram and plain steps committed since. The first use is an
 investment, made only when what the draft model is expected to win over the tokens likely left (as
-many as the generation has run so far) exceeds it, or when it is cheaper than the exploration
+many as the generation has run so far, and a few more) exceeds it, or when it is cheaper than the exploration
 budget times the share of tokens it would draft (the share n-gram drafts did not commit); from
 then on every token committed without it costs what reading it will cost, and the draft model is
 retired for the generation when it cannot win back what it would still need, or when what it lost
@@ -235,8 +235,9 @@ class CostAwarePolicy:
     def expected_tokens_left(self) -> float:
         """How many more tokens this generation is likely to run: as many as it has run so far (a
         generation that has run t tokens is about as likely as not to run t more; a RAG answer stops
-        after 20, a code edit runs to the limit), at most the tokens asked for."""
-        return min(self.tokens_left, self.committed)
+        after 20, a code edit runs to the limit), plus the prior length of an answer just begun, at
+        most the tokens asked for."""
+        return min(self.tokens_left, self.committed + priors.LENGTH_PRIOR)
 
     def _model_share(self) -> float:
         """The expected share of the tokens left that the draft model would draft: the share of this
