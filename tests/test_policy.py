@@ -286,10 +286,10 @@ def test_what_a_plain_step_commits_scores_the_proposal_it_declined():
     history = [5, 6, 7, 8, 9, 1, 2, 3, 5, 6]  # "5 6" was followed by 7 before: a short match
     drafter.start(history)
     assert drafter.propose(history, 15, SamplingParams(temperature=0.0), np.random.default_rng(0)) is None
-    before = {key: (beta.accepted, beta.rejected) for key, beta in policy.first.items()}
+    before = {key: (beta.accepted, beta.rejected) for key, beta in policy.ngram_estimates.first.items()}
     drafter.propose(history + [7], 15, SamplingParams(temperature=0.0), np.random.default_rng(0))
-    gained = [key for key, beta in policy.first.items() if key in before and beta.accepted == before[key][0] + 1]
-    assert gained and all(policy.first[key].rejected == before[key][1] for key in gained)
+    gained = [key for key, beta in policy.ngram_estimates.first.items() if key in before and beta.accepted == before[key][0] + 1]
+    assert gained and all(policy.ngram_estimates.first[key].rejected == before[key][1] for key in gained)
 
 
 # Shaped like ../shared/machines/flat-gpu-synthetic.json: batches nearly flat, a draft step 0.35 of a

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from specllm.engine.costmodel import CostModel
 from specllm.engine.ngram import NgramCache, NgramProposal
-from specllm.engine.policy import proposal_kind, span_bucket
+from specllm.engine.estimates import proposal_kind, span_bucket
 
 INF = float("inf")
 

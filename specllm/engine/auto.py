@@ -11,7 +11,8 @@ import time
 from dataclasses import replace
 
 from specllm.engine.drafters import Draft, ModelDrafter, NgramDrafter
-from specllm.engine.policy import Beta, CostAwarePolicy
+from specllm.engine.estimates import Beta
+from specllm.engine.policy import CostAwarePolicy
 
 
 class AutoDrafter:

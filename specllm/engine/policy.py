@@ -10,7 +10,7 @@ decoding, an n-gram prefix, the draft model, and an n-gram prefix the draft mode
 same batch (its catch-up is being paid anyway, and a one-hot copy is exact). Seconds
 come from the measured cost curve (`CostModel`: a target pass over k tokens at this context, a
 draft-model step, the draft model reading committed tokens). Acceptance is learned during the
-generation (`Beta` estimates with the priors of `priors.py`):
+generation (`estimates.py`, from the priors of `priors.py`):
   - an n-gram proposal's first token by the kind of match (an n-gram seen once before, or several
     times always followed by the same token, or by different ones, or a copy of this generation's
     own output), how far the context agrees with it, and whether the previous draft was fully
@@ -40,35 +40,10 @@ import numpy as np
 
 from specllm.engine import priors
 from specllm.engine.costmodel import CostModel
+from specllm.engine.estimates import Beta, NgramEstimates
 from specllm.engine.ngram import NgramProposal
 
 COLD, ACTIVE, RETIRED = "cold", "active", "retired"  # the draft model's standing in a generation
-
-
-@dataclass
-class Beta:
-    """Acceptance of one drafted token, counted with censoring (tokens after a rejection are unseen)."""
-
-    accepted: float
-    rejected: float
-
-    @classmethod
-    def prior(cls, mean: float) -> "Beta":
-        return cls(mean * priors.PRIOR_WEIGHT, (1 - mean) * priors.PRIOR_WEIGHT)
-
-    @property
-    def mean(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
-
-    @property
-    def optimistic(self) -> float:
-        """The mean plus one standard deviation: what it may well be, given how little has been seen."""
-        n = self.accepted + self.rejected
-        return min(self.mean + (self.accepted * self.rejected / (n * n * (n + 1))) ** 0.5, 1.0)
-
-    def observe(self, accepted: int, rejected: bool) -> None:
-        self.accepted += accepted
-        self.rejected += rejected
 
 
 @dataclass(frozen=True)
@@ -93,18 +68,12 @@ class CostAwarePolicy:
         sentence_end: Callable[[int], bool] = lambda token: False,
     ):
         self.costs = costs
-        self.sentence_end = sentence_end  # does this token end a sentence (`ngram.ends_sentence` of its text)?
         self.draft_max = min(draft_max, max(costs.batch_seconds) - 1)  # stay within the measured curve
         self.throughput = 1.0 / costs.verify(1)  # R: start from plain decoding's speed
         self.context: int | None = None  # tokens in the target's KV cache at this step (None: calibration depth)
         self.output_start: int | None = None  # where this generation's own output begins (None: not known)
-        # n-gram learning, kept for the decoder's life (a chat's turns)
-        self.first: dict[tuple[str, int, bool], Beta] = {}  # by (kind, span bucket, last_full)
-        self.first_pool = Beta.prior(priors.FIRST_PRIOR)  # every first token: the prior of kinds not seen yet
-        self.continuation: dict[tuple[str, int], Beta] = {}  # by (unique, repeated or own, depth bucket)
-        self.after_sentence = Beta.prior(priors.SENTENCE_END_PRIOR)  # a further token after a sentence's end
+        self.ngram_estimates = NgramEstimates(sentence_end)  # kept for the decoder's life (a chat's turns)
         self.ngram_gain = 0.0  # seconds n-gram drafts have saved against plain decoding: how long a draft may be
-        self.last_full = True  # was the previous draft fully accepted?
         # draft-model learning
         self.has_draft_model = has_draft_model
         self.draft_acceptance = Beta.prior(priors.DRAFT_PRIOR)
@@ -279,30 +248,8 @@ class CostAwarePolicy:
     # -- n-gram ---------------------------------------------------------------------------
 
     def ngram_keys(self, proposal: NgramProposal, k: int) -> list[Beta]:
-        """The estimate behind each of k drafted tokens: the first token's, then the continuation's by depth."""
-        kind = proposal_kind(proposal, self.output_start)
-        first_key = (kind, span_bucket(proposal.span), self.last_full)
-        if first_key not in self.first:
-            if kind == "mixed":
-                prior = priors.MIXED_PRIOR
-            elif kind == "own":
-                prior = min(self.first_pool.mean, priors.OWN_PRIOR)
-            else:
-                prior = max(self.first_pool.mean, priors.COPY_PRIOR.get(first_key[1], 0.0))
-            self.first[first_key] = Beta.prior(prior)
-        group = kind if kind in ("unique", "own") else "repeated"
-        further = [
-            self.after_sentence if self.sentence_end(proposal.tokens[i - 1]) else self._continuation(group, proposal.span + i)
-            for i in range(1, k)
-        ]
-        return [self.first[first_key], *further]
-
-    def _continuation(self, group: str, depth: int) -> Beta:
-        key = (group, _depth_bucket(depth))
-        if key not in self.continuation:
-            lift = priors.DEPTH_PRIOR.get(key[1], 0.0) if group != "own" else 0.0
-            self.continuation[key] = Beta.prior(max(priors.CONTINUATION_PRIOR[group], lift))
-        return self.continuation[key]
+        """The estimate behind each of k drafted tokens of an n-gram proposal."""
+        return self.ngram_estimates.keys(proposal, k, self.output_start)
 
     def ngram_draft(self, proposal: NgramProposal) -> list[Beta]:
         """The estimates behind the proposal's tokens worth drafting: as many as pay (none: draft nothing)."""
@@ -407,11 +354,10 @@ class CostAwarePolicy:
         committed = accepted + 1
         self.committed += committed
         if drafted:
-            self.last_full = accepted == drafted
+            self.ngram_estimates.observe_draft(drafted, accepted, from_ngram=source == "ngram")
         if source == "ngram" and drafted:
             copied = min(committed, model_from) if model_from else committed  # the n-gram part's tokens
             self.ngram_committed += copied
-            self.first_pool.observe(accepted > 0, accepted == 0)
             self.ngram_gain += copied * self.cost(1) - (seconds - model_seconds)
         plain_rate = 1.0 / self.cost(1)
         if seconds > 0:
@@ -427,12 +373,8 @@ class CostAwarePolicy:
             self.model_net += min(max(accepted - model_from, 0), model_drafted) * self.cost(1) - model_seconds
 
     def observe_declined(self, keys: list[Beta], proposed: list[int], committed: list[int]) -> None:
-        """An n-gram proposal (estimates `keys`) was not drafted and the step committed `committed`:
-        its tokens are scored as far as the committed text goes, as if they had been drafted."""
-        seen = min(len(committed), len(keys))
-        right = next((i for i in range(seen) if proposed[i] != committed[i]), seen)
-        for i, estimate in enumerate(keys[: min(right + 1, seen)]):
-            estimate.observe(i < right, i == right)
+        """An n-gram proposal (estimates `keys`) was not drafted and the step committed `committed`."""
+        self.ngram_estimates.observe_declined(keys, proposed, committed)
 
     def observe_model_use(self, caught_up: int) -> None:
         """The draft model was consulted, after reading `caught_up` committed tokens."""
@@ -443,29 +385,3 @@ class CostAwarePolicy:
     def observe_wasted_model_time(self, seconds: float) -> None:
         """The draft model was consulted and declined to draft: its time bought nothing."""
         self.model_net -= seconds
-
-
-def span_bucket(span: int) -> int:
-    """Spans of 2, 3, 4, 5-7, 8-15 and 16+ tokens are learned apart."""
-    for edge in (16, 8, 5):
-        if span >= edge:
-            return edge
-    return span
-
-
-def _depth_bucket(depth: int) -> int:
-    """Depths under 8, 8-15, 16-31 and 32+ tokens into a copy are learned apart."""
-    for edge in (32, 16, 8):
-        if depth >= edge:
-            return edge
-    return 0
-
-
-def proposal_kind(proposal: NgramProposal, output_start: int | None) -> str:
-    """mixed: the n-gram was followed by different tokens before; own: it copies this generation's
-    output; unique: the n-gram occurred once before; agreed: every occurrence had the same next token."""
-    if proposal.seen > 1 and not proposal.consistent:
-        return "mixed"
-    if output_start is not None and proposal.source >= output_start:
-        return "own"
-    return "unique" if proposal.seen == 1 else "agreed"
