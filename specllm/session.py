@@ -10,7 +10,7 @@ import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from specllm.backend import LlamaBackend, LoadOptions, system_info
+from specllm.backend import DeferredBackend, LlamaBackend, LoadOptions, system_info
 from specllm.chat import encode_messages, encode_raw
 from specllm.engine.auto import AutoDrafter
 from specllm.engine.costmodel import (
@@ -95,11 +95,14 @@ class Engine:
         self.learned_before = 0  # passes the learned curve had folded in when this engine took it from the cache
         self._learned_key = ""  # the cache entry it was taken from (and goes back to)
         self.target = LlamaBackend(paths.target, target_options)
-        self.draft = None
+        self.draft: DeferredBackend | None = None
         if draft_info is not None:
-            self.draft = LlamaBackend(paths.draft, replace(draft_options, n_ctx=self.target.n_ctx))
+            # `auto` loads the draft model when it first consults it, and on most CPUs that is never
+            self.draft = DeferredBackend(paths.draft, replace(draft_options, n_ctx=self.target.n_ctx))
             if draft_info.tokens_digest != target_info.tokens_digest:
-                check_vocab_texts(self.target, self.draft)
+                check_vocab_texts(self.target, self.draft.load())
+            if spec.strategy != "auto":
+                self.draft.load()  # the fixed strategies draft with it from the first step
 
     def encode(self, text: str, system: str | None = None, raw: bool = False) -> list[int]:
         """A user prompt as target tokens: through the chat template, or as is with `raw`."""
@@ -111,7 +114,7 @@ class Engine:
     def costs(self, max_batch: int = AUTO_MAX_BATCH) -> CostModel:
         """This machine's cost curve for these models: from the cost cache when it matches, else measured."""
         if not self.costs_known(max_batch):
-            self._costs = measure_costs(self.target, self.draft, max_batch=max_batch)
+            self._costs = measure_costs(self.target, self.draft.load() if self.draft else None, max_batch=max_batch)
             if self._costs.steady:  # a curve timed while other work shared the cores serves this run only
                 save_costs(self.cost_cache, self._cost_key(max_batch), self._costs)
         return self._costs
@@ -164,8 +167,8 @@ class Engine:
         if self.draft is not None:
             self.draft.rewind(0)
         ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, self.target.is_eog)
-        model = ModelDrafter(self.draft, spec.draft_p_min, self.target.n_vocab) if self.draft else None
         if spec.strategy == "auto":
+            model = ModelDrafter(self.draft, spec.draft_p_min, self.target.n_vocab) if self.draft else None
             policy = CostAwarePolicy(
                 self.learned_costs(),
                 draft_max=AUTO_MAX_BATCH - 1,
@@ -173,6 +176,7 @@ class Engine:
                 sentence_end=functools.cache(lambda token: ends_sentence(self.target.token_bytes(token))),
             )
             return Decoder(self.target, AutoDrafter(ngram, model, policy), lambda history, limit: limit)
+        model = ModelDrafter(self.draft.load(), spec.draft_p_min, self.target.n_vocab) if self.draft and spec.uses_draft_model else None
         drafters = {
             "off": [],
             "ngram": [ngram],

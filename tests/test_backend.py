@@ -9,11 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specllm.backend import ContextFull, LlamaBackend, LoadOptions
+from specllm.backend import ContextFull, DeferredBackend, LlamaBackend, LoadOptions
 from specllm.engine.decode import _TextStream, generate_plain
 from specllm.engine.sampling import SamplingParams
 from specllm.errors import SpecllmError
 from specllm.models import gguf
+from tests.fakes import FakeBackend
 from tests.logit_noise import ROW_TOL, assert_same_rows, row_gaps, tie_tolerance
 from tests.tiny_gguf import TINY_VOCAB, truncate_in_header, truncate_in_tensor_data, write_unknown_architecture
 
@@ -179,6 +180,31 @@ def _is_partial(piece: bytes) -> bool:
         return False
     except UnicodeDecodeError:
         return True
+
+
+def test_a_deferred_model_loads_at_its_first_evaluation_and_only_then():
+    loads = []
+
+    def load(path, options):
+        loads.append(path)
+        return FakeBackend(n_ctx=options.n_ctx)
+
+    model = DeferredBackend("draft.gguf", LoadOptions(n_ctx=64, n_gpu_layers=0), load=load)
+    model.rewind(0)  # a fresh decoder clears every cache: nothing to drop yet
+    assert (model.path.name, model.n_gpu_layers, model.n_past, model.loaded, loads) == ("draft.gguf", 0, 0, False, [])
+    rows = model.evaluate([1, 2, 3], [2])
+    assert loads == [model.path] and model.loaded and model.n_ctx == 64
+    model.evaluate([4], [0])
+    assert model.n_past == 4 and loads == [model.path]  # loaded once
+    model.rewind(1)
+    assert model.n_past == 1 and rows.shape == (1, FakeBackend().n_vocab)
+
+
+def test_a_deferred_model_never_used_is_never_loaded():
+    model = DeferredBackend("draft.gguf", LoadOptions(), load=lambda path, options: pytest.fail("loaded"))
+    model.rewind(0)
+    model.close()
+    assert not model.loaded
 
 
 # -- broken files ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 (b) Temperature 0 on the default preset (Qwen2.5-Coder 1.5B / 0.5B): every strategy gives the
     tokens of plain decoding. A divergence reports the target's logit margin at that position.
 (c) The vocabulary check between a target and a draft.
+(d) `auto` loads the draft model when it first consults it, and gives plain decoding's text either way.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 
 from specllm.backend import LlamaBackend, LoadOptions
 from specllm.chat import encode_messages
+from specllm.engine.costmodel import CostModel
 from specllm.engine.decode import Decoder, Done, StepDone, fixed_budget, generate_plain
 from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
 from specllm.engine.sampling import SamplingParams, warp
@@ -278,5 +280,33 @@ def test_identical_tokenizers_pass(tiny_pair):
     try:
         assert engine.draft is not None
         assert engine.target_info.tokens_digest == engine.draft_info.tokens_digest
+    finally:
+        engine.close()
+
+
+# -- (d) the draft model, loaded when `auto` first consults it -----------------------------------
+
+# A 2-core CPU's curve, where the draft model cannot pay (its step costs 0.6 of a target pass), and a
+# GPU-shaped one, where it does (nearly flat batches, a step a third of a pass): tests/test_policy.py's.
+CPU_CURVE = CostModel({1: 0.0311, 2: 0.0569, 4: 0.0919, 8: 0.1745, 16: 0.1782, 32: 0.3286},
+                      draft_seconds=0.0184, depth=256, context_seconds=4.95e-06, draft_token_seconds=0.0060)  # fmt: skip
+FLAT_CURVE = CostModel({k: 0.012 * (1 + 0.02 * (k - 1)) for k in (1, 2, 4, 8, 16, 32)}, draft_seconds=0.0042, draft_token_seconds=0.00013)
+
+
+@pytest.mark.parametrize("curve, consulted", [(CPU_CURVE, False), (FLAT_CURVE, True)], ids=["cpu", "flat"])
+def test_auto_loads_the_draft_model_only_when_it_first_consults_it(tiny_pair, curve, consulted):
+    engine = Engine(ModelPaths(*tiny_pair), SpecConfig(strategy="auto"), TINY, TINY, cost_cache=None)
+    engine.costs = lambda max_batch=None: curve.copy()
+    try:
+        assert engine.draft is not None and not engine.draft.loaded
+        prompt = engine.target.tokenize("The quick brown fox jumps over the lazy dog, then naps in the sun.")
+        plain, plain_rows = _plain(engine.target, prompt, MAX_TOKENS)
+        decoder = engine.decoder("auto")
+        assert not engine.draft.loaded
+        decoder.target = recorder = LogitsRecorder(decoder.target)
+        events = list(decoder.generate(prompt, MAX_TOKENS, GREEDY, np.random.default_rng(0)))
+        drafted = sum(e.drafted for e in events if isinstance(e, StepDone) and e.model_seconds > 0)
+        assert engine.draft.loaded == consulted and (drafted > 0) == consulted
+        _check_greedy_path(engine.target, prompt, events[-1].tokens, recorder.rows, plain, plain_rows, "auto")
     finally:
         engine.close()

@@ -2,12 +2,14 @@
 
 import numpy as np
 
+from specllm.backend import DeferredBackend, LoadOptions
+
 from specllm.engine.auto import AutoDrafter
 from specllm.engine.costmodel import CostModel
 from specllm.engine.decode import Decoder, generate_plain
 from specllm.engine.drafters import ModelDrafter, NgramDrafter
 from specllm.engine.ngram import NgramProposal
-from specllm.engine.policy import RETIRED, CostAwarePolicy
+from specllm.engine.policy import ACTIVE, RETIRED, CostAwarePolicy
 from specllm.engine.sampling import SamplingParams
 from tests.fakes import FakeBackend
 
@@ -156,6 +158,28 @@ def test_auto_is_lossless_at_temperature_zero():
     decoder = Decoder(FakeBackend(seed=0), drafter, lambda history, limit: limit)
     tokens = [e for e in decoder.generate(prompt, 40, greedy, np.random.default_rng(0))][-1].tokens
     assert tokens == reference
+
+
+def test_loading_the_draft_model_at_its_first_use_is_not_a_cost_of_drafting(virtual_clock):
+    """A draft model loaded when `auto` first consults it (a second here) would, were the load timed
+    with its catch-up, make reading tokens look hundreds of times dearer on the learned curve, and
+    count as a loss that retires the model at once: the load is a one-off, as it was at start."""
+    greedy = SamplingParams(temperature=0.0)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 1]
+    reference = generate_plain(FakeBackend(seed=0), prompt, 40, greedy, None)
+
+    def load(path, options):
+        virtual_clock.now += 1.0
+        return FakeBackend(seed=0, clock=virtual_clock, pass_seconds=BIG_GPU.catch_up)
+
+    draft = DeferredBackend("draft.gguf", LoadOptions(n_gpu_layers=0), load=load)
+    policy = CostAwarePolicy(BIG_GPU.copy(), draft_max=31, has_draft_model=True)
+    drafter = AutoDrafter(NgramDrafter(1, 3), ModelDrafter(draft, 0.0, n_vocab=8), policy)
+    target = FakeBackend(seed=0, clock=virtual_clock, pass_seconds=BIG_GPU.verify)
+    events = list(Decoder(target, drafter, lambda history, limit: limit).generate(prompt, 40, greedy, np.random.default_rng(0)))
+    assert events[-1].tokens == reference and draft.loaded
+    assert policy.model_state == ACTIVE and policy.model_net > 0
+    assert policy.costs.draft_seconds < 2 * BIG_GPU.draft_seconds and policy.costs.draft_token_seconds < 2 * BIG_GPU.draft_token_seconds
 
 
 def test_long_bets_follow_the_curve_and_what_copying_has_saved():

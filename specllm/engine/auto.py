@@ -23,6 +23,7 @@ class AutoDrafter:
         self._model_drafted = 0  # tokens the draft model wrote in the last draft (a copy may follow them)
         self._model_from = 0  # where they begin in it: after the n-gram tokens it continued, else 0
         self._declined = None  # an n-gram proposal not drafted: (history length then, its tokens, their estimates)
+        self._loading = 0.0  # seconds this step spent loading the draft model (deferred until its first use)
 
     def propose(self, history, max_tokens, params, rng) -> Draft | None:
         self.ngram.commit(history)
@@ -87,6 +88,7 @@ class AutoDrafter:
             return not self._copy
 
         self._copy, self._model_drafted = None, 0
+        self._loading = self.model.load()  # a one-off, as at start: no part of what drafting costs
         started = time.perf_counter()
         draft = self.model.propose(history, max_tokens, params, rng, keep_going=keep_going, look_further=look_further)
         seconds = time.perf_counter() - started
@@ -96,8 +98,8 @@ class AutoDrafter:
             self.policy.costs.observe_catch_up(caught_up, self.model.catch_up_seconds)
         if not draft.tokens:  # the draft model was not confident enough: its time bought nothing
             self.policy.observe_wasted_model_time(seconds)
-            return replace(draft, model_seconds=seconds)
-        draft = replace(draft, model_seconds=seconds)
+            return replace(draft, model_seconds=self._loading + seconds)
+        draft = replace(draft, model_seconds=self._loading + seconds)
         self._model_drafted = len(draft.tokens)
         return self._append_copy(draft, max_tokens - len(draft.tokens)) if self._copy else draft
 
@@ -135,10 +137,12 @@ class AutoDrafter:
 
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         costs = self.policy.costs
+        loading, self._loading = self._loading, 0.0  # in the step's time (the user waited for it), not in what the policy learns
+        model_seconds = draft.model_seconds - loading
         costs.observe_verify(len(draft.tokens) + 1, verify_seconds, self.policy.context)
         if draft.source == "draft" and self.model.steps:  # the proposal's time beyond its catch-up, per one-token pass
-            costs.observe_draft((draft.model_seconds - self.model.catch_up_seconds) / self.model.steps)
+            costs.observe_draft((model_seconds - self.model.catch_up_seconds) / self.model.steps)
         source = draft.source if draft.tokens else None
         self.policy.observe(
-            source, len(draft.tokens), accepted, draft_seconds + verify_seconds, self._keys, self._model_drafted, self._model_from, draft.model_seconds
+            source, len(draft.tokens), accepted, draft_seconds - loading + verify_seconds, self._keys, self._model_drafted, self._model_from, model_seconds
         )

@@ -27,7 +27,7 @@ class Draft:
     q_draft: Sequence[np.ndarray | None] | None
     source: str  # "ngram" or "draft"
     span: int = 0  # n-gram: how many tokens of context agree with the copied text; draft model: 0
-    model_seconds: float = 0.0  # time the draft model spent on this proposal (its catch-up included)
+    model_seconds: float = 0.0  # time the draft model spent on this proposal (its catch-up, and its load at a first use, included)
 
 
 class Drafter(Protocol):
@@ -164,6 +164,15 @@ class ModelDrafter:
         if not tokens:  # not confident: an empty draft, so the time spent reading is still accounted
             return Draft([], None, self.source, model_seconds=time.perf_counter() - started)
         return Draft(tokens, rows or None, self.source, model_seconds=time.perf_counter() - started)
+
+    def load(self) -> float:
+        """Load a draft model deferred until its first use (`backend.DeferredBackend`); the seconds
+        it took (0 when it was loaded already)."""
+        if getattr(self.model, "loaded", True):
+            return 0.0
+        started = time.perf_counter()
+        self.model.load()
+        return time.perf_counter() - started
 
     def pending(self, history: list[int]) -> int:
         """How many committed tokens the draft model must read before it can draft (at least 1)."""
