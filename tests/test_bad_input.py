@@ -77,15 +77,17 @@ def _unreadable_prefix() -> tuple:
     return ("setpriv", "--bounding-set=-dac_override,-dac_read_search")
 
 
-@pytest.mark.parametrize("role", ["target", "draft"])
+@pytest.mark.parametrize("role", ["target", "draft", "auto's draft"])
 @pytest.mark.parametrize("kind", list(FILE_PROBLEMS))
 def test_broken_model_file_is_one_line_naming_the_file(home, broken, tiny_pair, kind, role):
+    """`auto` loads its draft model at the first use, but a draft file it has not measured yet is
+    loaded by the calibration, before anything is generated."""
     path = broken[kind]
     prefix = _unreadable_prefix() if kind == "unreadable" else ()
     if role == "target":
         args = ["run", "-m", path, "-p", "hi", "--spec", "off"]
     else:
-        args = ["run", "-m", tiny_pair[0], "--draft", path, "--spec", "draft", "-p", "hi"]
+        args = ["run", "-m", tiny_pair[0], "--draft", path, "--spec", "draft" if role == "draft" else "auto", "-p", "hi"]
     done = specllm(home, *args, prefix=prefix) if kind in IN_A_PROCESS else specllm_here(home, *args)
     assert_one_error(done, 1, str(path) if kind == "missing" else path.name, FILE_PROBLEMS[kind])
     assert cache_leftovers(home) == []
