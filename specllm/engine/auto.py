@@ -29,7 +29,7 @@ class AutoDrafter:
         self.ngram.commit(history)
         self._learn_from_declined(history)
         self.policy.at_step(len(history) - 1, max_tokens + 1)  # the target's cache holds all but the last token
-        self._keys, self._model_drafted, self._model_from = [], 0, 0
+        self._keys, self._model_drafted, self._model_from, self._loading = [], 0, 0, 0.0
         proposal = self.ngram.proposal(min(max_tokens, self.policy.draft_max))
         pending = self.model.pending(history) if self.model is not None and self.policy.model_in_play else 0
         plan = self.policy.plan(proposal, pending)
@@ -137,7 +137,7 @@ class AutoDrafter:
 
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         costs = self.policy.costs
-        loading, self._loading = self._loading, 0.0  # in the step's time (the user waited for it), not in what the policy learns
+        loading = self._loading  # in the step's time (the user waited for it), not in what the policy learns
         model_seconds = draft.model_seconds - loading
         costs.observe_verify(len(draft.tokens) + 1, verify_seconds, self.policy.context)
         if draft.source == "draft" and self.model.steps:  # the proposal's time beyond its catch-up, per one-token pass
