@@ -1,0 +1,109 @@
+"""A GGUF twin: a model's metadata and tensor layout, with synthetic weights of the same types.
+
+What a pass costs depends on the tensors' shapes and quantization types, not on their values, so a
+twin times like the model it copies. It is how a machine that cannot fetch the model (a GPU lent for
+a few minutes, with no network) measures a cost curve for it: the header (metadata, tokenizer, tensor
+infos; 6 MB for Qwen2.5-Coder 1.5B) travels, the weights (1.1 GB) are made there.
+
+    python scripts/gguf_twin.py header MODEL.gguf PREFIX      # PREFIX.head (the file's bytes before its data) and PREFIX.json
+    python scripts/gguf_twin.py expand PREFIX OUT.gguf        # the twin; needs numpy only
+
+Quantized blocks are random bytes with their scales set small, so that the weights stay within a few
+hundredths and activations stay finite (no value in a kernel's way: no NaN, no denormal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+# ggml type -> (bytes per block, values per block, byte offsets of the block's float16 scales, the scale)
+# chosen so that |weight| stays under about 0.04 (e.g. Q8_0: d * int8, Q4_K: d * 6-bit scale * 4-bit quant)
+BLOCKS = {
+    "Q4_0": (18, 32, (0,), 2e-3),
+    "Q5_0": (22, 32, (0,), 2e-3),
+    "Q8_0": (34, 32, (0,), 2e-4),
+    "Q2_K": (84, 256, (80, 82), 1e-4),
+    "Q3_K": (110, 256, (108,), 1e-4),
+    "Q4_K": (144, 256, (0, 2), 2e-5),
+    "Q5_K": (176, 256, (0, 2), 1e-5),
+    "Q6_K": (210, 256, (208,), 1e-5),
+}
+CHUNK_BLOCKS = 1 << 16  # blocks written at a time (9 MB of Q4_K)
+
+
+def write_header(model: Path, prefix: Path) -> dict:
+    """The model's bytes before its tensor data, and where each tensor lies and of what type."""
+    from gguf import GGUFReader  # only here: the machine that expands a twin may not have it
+
+    reader = GGUFReader(model)
+    tensors = [
+        {"name": t.name, "type": t.tensor_type.name, "offset": int(t.data_offset), "bytes": int(t.n_bytes)}
+        for t in reader.tensors
+    ]
+    layout = {"source": model.name, "data_offset": int(reader.data_offset), "size": model.stat().st_size, "tensors": tensors}
+    with open(model, "rb") as f:
+        Path(f"{prefix}.head").write_bytes(f.read(layout["data_offset"]))
+    Path(f"{prefix}.json").write_text(json.dumps(layout, indent=1))
+    return layout
+
+
+def expand(prefix: Path, out: Path, seed: int = 0) -> None:
+    """Write the twin: the header as it was, each tensor's bytes synthetic, the file as long as the model."""
+    layout = json.loads(Path(f"{prefix}.json").read_text())
+    rng = np.random.default_rng(seed)
+    with open(out, "wb") as f:
+        f.write(Path(f"{prefix}.head").read_bytes())
+        for tensor in sorted(layout["tensors"], key=lambda t: t["offset"]):
+            f.seek(tensor["offset"])
+            _write_tensor(f, tensor, rng)
+        f.truncate(layout["size"])
+
+
+def _write_tensor(f, tensor: dict, rng: np.random.Generator) -> None:
+    kind, size = tensor["type"], tensor["bytes"]
+    if kind == "F32":
+        value = 1.0 if tensor["name"].endswith("norm.weight") else None  # norms scale by one; biases and others small
+        data = np.full(size // 4, value, np.float32) if value else (rng.standard_normal(size // 4) * 0.02).astype(np.float32)
+        f.write(data.tobytes())
+        return
+    if kind == "F16":
+        f.write((rng.standard_normal(size // 2) * 0.02).astype(np.float16).tobytes())
+        return
+    if kind not in BLOCKS:
+        raise SystemExit(f"{tensor['name']}: type {kind} is not supported (add its block layout to BLOCKS)")
+    block, _, scales, scale = BLOCKS[kind]
+    half = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
+    left = size // block
+    while left:
+        n = min(left, CHUNK_BLOCKS)
+        blocks = rng.integers(0, 256, (n, block), dtype=np.uint8)
+        for at in scales:
+            blocks[:, at : at + 2] = half
+        f.write(blocks.tobytes())
+        left -= n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    header = commands.add_parser("header", help="write PREFIX.head and PREFIX.json from a GGUF")
+    header.add_argument("model", type=Path)
+    header.add_argument("prefix", type=Path)
+    twin = commands.add_parser("expand", help="write a twin GGUF from PREFIX.head and PREFIX.json")
+    twin.add_argument("prefix", type=Path)
+    twin.add_argument("out", type=Path)
+    twin.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.command == "header":
+        layout = write_header(args.model, args.prefix)
+        print(f"{args.prefix}.head: {layout['data_offset']} bytes, {len(layout['tensors'])} tensors")
+    else:
+        expand(args.prefix, args.out, args.seed)
+
+
+if __name__ == "__main__":
+    main()

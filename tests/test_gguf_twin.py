@@ -1,0 +1,55 @@
+"""scripts/gguf_twin.py: a model's layout with synthetic weights, which llama.cpp loads and runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFReader, quants
+
+from specllm.backend import LlamaBackend, LoadOptions
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gguf_twin.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("gguf_twin", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+twin = _load()
+
+
+@pytest.mark.parametrize("kind", sorted(twin.BLOCKS))
+def test_every_block_layout_gives_small_finite_weights(kind):
+    """Decoded by the gguf package's own dequantization: a scale written at the wrong offset would
+    leave random bytes as the scale (weights in the thousands, or NaN)."""
+    block, values, _, _ = twin.BLOCKS[kind]
+    out = io.BytesIO()
+    twin._write_tensor(out, {"name": "blk.0.ffn_up.weight", "type": kind, "bytes": 64 * block}, np.random.default_rng(0))
+    weights = quants.dequantize(np.frombuffer(out.getvalue(), np.uint8).reshape(64, block), GGMLQuantizationType[kind])
+    assert weights.size == 64 * values and np.isfinite(weights).all()
+    assert 0 < np.abs(weights).max() < 0.05 and weights.std() > 1e-4
+
+
+def test_a_twin_has_the_models_layout_and_runs_through_llama_cpp(tiny_pair, tmp_path):
+    model = tiny_pair[0]
+    twin.write_header(model, tmp_path / "tiny")
+    twin.expand(tmp_path / "tiny", tmp_path / "twin.gguf")
+    original, copy = GGUFReader(model), GGUFReader(tmp_path / "twin.gguf")
+    assert (tmp_path / "twin.gguf").stat().st_size == model.stat().st_size
+    assert list(copy.fields) == list(original.fields)
+    layout = [(t.name, t.tensor_type, list(t.shape), t.data_offset) for t in original.tensors]
+    assert [(t.name, t.tensor_type, list(t.shape), t.data_offset) for t in copy.tensors] == layout
+    assert not all(np.array_equal(a.data, b.data) for a, b in zip(original.tensors, copy.tensors))  # synthetic weights
+    backend = LlamaBackend(tmp_path / "twin.gguf", LoadOptions(n_ctx=256, n_threads=1, n_gpu_layers=0))
+    try:
+        logits = backend.evaluate(backend.tokenize("The quick brown fox"), [0, 1])
+        assert logits.shape == (2, backend.n_vocab) and np.isfinite(logits).all()
+    finally:
+        backend.close()
