@@ -1,14 +1,14 @@
 """scripts/compare_peers.py: llama.cpp's speculative modes beside specllm's strategies, per category."""
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_peers.py"
+from tests.script_loader import SCRIPTS, load_script
+
+SCRIPT = SCRIPTS / "compare_peers.py"
 
 PEERS = """\
 translation
@@ -19,10 +19,7 @@ code_edit
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("compare_peers", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("compare_peers")
 
 
 def _run(prompt, strategy, tokens, seconds, repeat=0):

@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
-from pathlib import Path
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, quants
 
 from specllm.backend import LlamaBackend, LoadOptions
+from tests.script_loader import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gguf_twin.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("gguf_twin", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-twin = _load()
+twin = load_script("gguf_twin")
 
 
 @pytest.mark.parametrize("kind", sorted(twin.BLOCKS))

@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-def _replay():
-    spec = importlib.util.spec_from_file_location("replay_policy", SCRIPTS / "replay_policy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.script_loader import SCRIPTS, load_script
 
 
 def test_a_measured_curve_is_a_machine_file_the_replay_reads(tiny_pair, tmp_path):
@@ -27,6 +18,6 @@ def test_a_measured_curve_is_a_machine_file_the_replay_reads(tiny_pair, tmp_path
     assert report["machine"] == "tiny pair, 1 thread" and report["gpu_layers"] == {"target": 0, "draft": 0}
     assert report["load_seconds"]["target"] > 0 and report["load_seconds"]["draft"] > 0
     (tmp_path / "curve.json").write_text(done.stdout)
-    costs = _replay().load_curve(str(tmp_path / "curve.json"), 32)
+    costs = load_script("replay_policy").load_curve(str(tmp_path / "curve.json"), 32)
     assert sorted(costs.batch_seconds) == [1, 2, 3, 4] and costs.draft_seconds > 0
     assert all(costs.batch_seconds[1] <= costs.batch_seconds[k] <= k * costs.batch_seconds[1] for k in (2, 3, 4))

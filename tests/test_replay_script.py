@@ -1,6 +1,5 @@
 """scripts/replay_policy.py: scoring auto against recorded greedy text on a virtual clock."""
 
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -10,15 +9,11 @@ import pytest
 
 from specllm.engine import auto, decode, drafters
 from specllm.engine.costmodel import CostModel
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "replay_policy.py"
+from tests.script_loader import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("replay_policy", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("replay_policy")
 
 
 def _streams(prompt, generated, category):
