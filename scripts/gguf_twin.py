@@ -7,6 +7,13 @@ infos; 6 MB for Qwen2.5-Coder 1.5B) travels, the weights (1.1 GB) are made there
 
     python scripts/gguf_twin.py header MODEL.gguf PREFIX      # PREFIX.head (the file's bytes before its data) and PREFIX.json
     python scripts/gguf_twin.py expand PREFIX OUT.gguf        # the twin; needs numpy only
+    python scripts/gguf_twin.py resize MODEL.gguf PREFIX --layers 64 --embd 5120 --ffn 27648 --heads 40 --kv-heads 8
+
+`resize` writes the header of a bigger (or smaller) model of the same family and tokenizer, for a
+size not at hand (Qwen2.5-Coder 32B from the 1.5B, above): every layer's tensors at the new widths,
+each of its quantization types, and where the model mixes two types for one tensor across layers
+(attn_v and ffn_down in the Q4_K_M files: half their layers Q6_K), each type where it lies in the
+source, in proportion (at the source's own sizes, the source's layout exactly).
 
 Quantized blocks are random bytes with their scales set small, so that the weights stay within a few
 hundredths and activations stay finite (no value in a kernel's way: no NaN, no denormal).
@@ -47,6 +54,68 @@ def write_header(model: Path, prefix: Path) -> dict:
     layout = {"source": model.name, "data_offset": int(reader.data_offset), "size": model.stat().st_size, "tensors": tensors}
     with open(model, "rb") as f:
         Path(f"{prefix}.head").write_bytes(f.read(layout["data_offset"]))
+    Path(f"{prefix}.json").write_text(json.dumps(layout, indent=1))
+    return layout
+
+
+def resize(model: Path, prefix: Path, layers: int, embd: int, ffn: int, heads: int, kv_heads: int) -> dict:
+    """The header and layout of `model` at other sizes (see the module's docstring)."""
+    from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(model)
+    arch = reader.fields["general.architecture"].contents()
+    sizes = {"block_count": layers, "embedding_length": embd, "feed_forward_length": ffn,
+             "attention.head_count": heads, "attention.head_count_kv": kv_heads, "rope.dimension_count": embd // heads}  # fmt: skip
+    kv = embd // heads * kv_heads
+    vocab = int(reader.tensors[0].shape[-1]) if reader.tensors[0].name in ("token_embd.weight", "output.weight") else None
+    shapes = {  # ggml order (first: the row length)
+        "token_embd.weight": (embd, vocab), "output.weight": (embd, vocab), "output_norm.weight": (embd,),
+        "attn_norm.weight": (embd,), "ffn_norm.weight": (embd,), "attn_q.weight": (embd, embd), "attn_q.bias": (embd,),
+        "attn_k.weight": (embd, kv), "attn_k.bias": (kv,), "attn_v.weight": (embd, kv), "attn_v.bias": (kv,),
+        "attn_output.weight": (embd, embd), "ffn_gate.weight": (embd, ffn), "ffn_up.weight": (embd, ffn), "ffn_down.weight": (ffn, embd),
+    }  # fmt: skip
+    per_layer: dict[str, dict[int, object]] = {}  # tensor name within a layer -> its type in each layer
+    for tensor in reader.tensors:
+        if tensor.name.startswith("blk."):
+            _, layer, name = tensor.name.split(".", 2)
+            per_layer.setdefault(name, {})[int(layer)] = tensor.tensor_type
+    source_layers = len(next(iter(per_layer.values())))
+    writer = GGUFWriter(f"{prefix}.gguf-header", arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        key = name.removeprefix(f"{arch}.")
+        if key in sizes and name.startswith(f"{arch}."):
+            writer.add_key_value(name, sizes[key], field.types[0])
+        elif field.types[0] == GGUFValueType.ARRAY:
+            writer.add_key_value(name, field.contents(), GGUFValueType.ARRAY, field.types[-1])
+        else:
+            writer.add_key_value(name, field.contents(), field.types[0])
+
+    def add(name: str, kind, shape: tuple) -> None:
+        values, block = GGML_QUANT_SIZES[kind]
+        elements = int(np.prod(shape))
+        writer.add_tensor_info(name, tuple(reversed(shape)), np.dtype(np.float32), elements // values * block, raw_dtype=kind)
+
+    for tensor in reader.tensors:
+        if not tensor.name.startswith("blk."):
+            add(tensor.name, tensor.tensor_type, shapes[tensor.name])
+    for layer in range(layers):
+        for name, kinds in per_layer.items():  # each type where it lies in the source, in proportion
+            add(f"blk.{layer}.{name}", kinds[layer * source_layers // layers], shapes[name])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    header = Path(f"{prefix}.gguf-header").read_bytes()
+    Path(f"{prefix}.gguf-header").unlink()
+    data_offset = GGUFWriter.ggml_pad(len(header), writer.data_alignment)
+    tensors, offset = [], data_offset
+    for name, info in writer.tensors[0].items():
+        tensors.append({"name": name, "type": info.dtype.name, "offset": offset, "bytes": info.nbytes})
+        offset += GGUFWriter.ggml_pad(info.nbytes, writer.data_alignment)
+    layout = {"source": f"{model.name} resized", "data_offset": data_offset, "size": offset, "tensors": tensors}
+    Path(f"{prefix}.head").write_bytes(header.ljust(data_offset, b"\0"))
     Path(f"{prefix}.json").write_text(json.dumps(layout, indent=1))
     return layout
 
@@ -93,14 +162,22 @@ def main() -> None:
     header = commands.add_parser("header", help="write PREFIX.head and PREFIX.json from a GGUF")
     header.add_argument("model", type=Path)
     header.add_argument("prefix", type=Path)
+    sized = commands.add_parser("resize", help="write PREFIX.head and PREFIX.json for the model's family at other sizes")
+    sized.add_argument("model", type=Path)
+    sized.add_argument("prefix", type=Path)
+    for flag in ("--layers", "--embd", "--ffn", "--heads", "--kv-heads"):
+        sized.add_argument(flag, type=int, required=True)
     twin = commands.add_parser("expand", help="write a twin GGUF from PREFIX.head and PREFIX.json")
     twin.add_argument("prefix", type=Path)
     twin.add_argument("out", type=Path)
     twin.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if args.command == "header":
-        layout = write_header(args.model, args.prefix)
-        print(f"{args.prefix}.head: {layout['data_offset']} bytes, {len(layout['tensors'])} tensors")
+    if args.command in ("header", "resize"):
+        if args.command == "header":
+            layout = write_header(args.model, args.prefix)
+        else:
+            layout = resize(args.model, args.prefix, args.layers, args.embd, args.ffn, args.heads, args.kv_heads)
+        print(f"{args.prefix}.head: {layout['data_offset']} bytes, {len(layout['tensors'])} tensors, a {layout['size'] / 1e9:.2f} GB model")
     else:
         expand(args.prefix, args.out, args.seed)
 

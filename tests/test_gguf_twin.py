@@ -42,3 +42,23 @@ def test_a_twin_has_the_models_layout_and_runs_through_llama_cpp(tiny_pair, tmp_
         assert logits.shape == (2, backend.n_vocab) and np.isfinite(logits).all()
     finally:
         backend.close()
+
+
+def test_a_resized_twin_runs_and_at_the_models_own_sizes_is_its_layout(tiny_pair, tmp_path):
+    model = tiny_pair[0]  # 2 layers, 64 wide, 4 heads of 16, a feed-forward of 128
+    same = twin.resize(model, tmp_path / "same", layers=2, embd=64, ffn=128, heads=4, kv_heads=4)
+    assert same["size"] == model.stat().st_size
+    assert {(t["name"], t["type"], t["bytes"]) for t in same["tensors"]} == {
+        (t.name, t.tensor_type.name, int(t.n_bytes)) for t in GGUFReader(model).tensors
+    }
+    bigger = twin.resize(model, tmp_path / "bigger", layers=3, embd=128, ffn=256, heads=4, kv_heads=2)
+    assert len(bigger["tensors"]) == len(same["tensors"]) + 9
+    twin.expand(tmp_path / "bigger", tmp_path / "bigger.gguf")
+    backend = LlamaBackend(tmp_path / "bigger.gguf", LoadOptions(n_ctx=256, n_threads=1, n_gpu_layers=0))
+    try:
+        logits = backend.evaluate(backend.tokenize("The quick brown fox"), [0])
+        assert np.isfinite(logits).all()
+        fields = GGUFReader(tmp_path / "bigger.gguf").fields
+        assert [fields[f"llama.{key}"].contents() for key in ("block_count", "embedding_length", "attention.head_count_kv")] == [3, 128, 2]
+    finally:
+        backend.close()
