@@ -22,7 +22,7 @@ def main() -> None:
 
     import llama_cpp
 
-    from specllm.backend import LoadOptions
+    from specllm.backend import LoadOptions, extra_buffers_safe, system_info
     from specllm.engine.decode import Done
     from specllm.engine.sampling import SamplingParams
     from specllm.models.store import resolve_model
@@ -31,6 +31,15 @@ def main() -> None:
     path = resolve_model(args.model)
     engine = Engine(ModelPaths(path), SpecConfig("off"), LoadOptions(n_ctx=2048), LoadOptions())
     tokens = engine.encode(args.prompt)
+    if not extra_buffers_safe(system_info()):  # the weights' buffers as specllm loads them (its AMX kernels crash)
+        default_params = llama_cpp.llama_cpp.llama_model_default_params
+
+        def without_extra_buffers():
+            params = default_params()
+            params.use_extra_bufts = False
+            return params
+
+        llama_cpp.llama_cpp.llama_model_default_params = without_extra_buffers
     llama = llama_cpp.Llama(str(path), n_ctx=2048, n_threads=engine.target.n_threads, n_batch=512, verbose=False)
 
     ours, theirs = [], []

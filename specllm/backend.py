@@ -48,6 +48,15 @@ def system_info() -> str:
     return llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
 
 
+def extra_buffers_safe(info: str) -> bool:
+    """Whether llama.cpp may put weights in its CPU extra buffer types (repacked layouts), given its
+    system info. Not where it was built with AMX: its AMX matrix kernels crash the process on the first
+    batch of two or more tokens (a prompt's prefill) on some Xeons with AMX (seen here on a 2-core
+    Xeon VM with AMX_INT8, llama-cpp-python 0.3.36, Q4_K_M and Q4_1 models; upstream: llama.cpp
+    issue 20824, unfixed). llama.cpp offers no switch for AMX alone, so the repacking goes with it."""
+    return "AMX_INT8 = 1" not in info
+
+
 _log_callback = None
 
 
@@ -73,6 +82,8 @@ class LlamaBackend:
         _init_llama()
         model_params = llama_cpp.llama_model_default_params()
         self.n_gpu_layers = model_params.n_gpu_layers = gpu_layers(options)
+        if hasattr(model_params, "use_extra_bufts") and not extra_buffers_safe(system_info()):
+            model_params.use_extra_bufts = False
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
         if not self._model:
             raise SpecllmError(f"{self.path}: llama.cpp could not load it (unsupported architecture or damaged file)")

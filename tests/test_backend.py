@@ -207,6 +207,32 @@ def test_a_deferred_model_never_used_is_never_loaded():
     assert not model.loaded
 
 
+@pytest.mark.parametrize("amx", [True, False])
+def test_weights_stay_out_of_the_extra_buffers_where_llama_cpp_was_built_with_amx(target_path, monkeypatch, amx):
+    """llama.cpp's AMX kernels crash the process on a prompt's first batch on some Xeons (a 2-core
+    Xeon VM with AMX_INT8 here: every `run` ended in a segmentation fault); elsewhere the repacked
+    layouts stay on, as llama.cpp chooses."""
+    import llama_cpp
+
+    import specllm.backend as backend
+
+    info = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | " + ("AMX_INT8 = 1 | " if amx else "") + "REPACK = 1 |"
+    monkeypatch.setattr(backend, "system_info", lambda: info)
+    asked = []
+    load = llama_cpp.llama_model_load_from_file
+
+    def spy(path, params):
+        asked.append(params.use_extra_bufts)
+        return load(path, params)
+
+    monkeypatch.setattr(llama_cpp, "llama_model_load_from_file", spy)
+    model = _load(target_path)
+    tokens = model.tokenize(TEXT)
+    assert model.evaluate(tokens, [len(tokens) - 1]).shape == (1, model.n_vocab)
+    model.close()
+    assert asked == [not amx]
+
+
 # -- broken files ------------------------------------------------------------------------------
 
 
