@@ -22,7 +22,7 @@ def main() -> None:
 
     import llama_cpp
 
-    from specllm.backend import LoadOptions, extra_buffers_safe, system_info
+    from specllm.backend import LoadOptions, buffers_left_out
     from specllm.engine.decode import Done
     from specllm.engine.sampling import SamplingParams
     from specllm.models.store import resolve_model
@@ -31,7 +31,7 @@ def main() -> None:
     path = resolve_model(args.model)
     engine = Engine(ModelPaths(path), SpecConfig("off"), LoadOptions(n_ctx=2048), LoadOptions())
     tokens = engine.encode(args.prompt)
-    if not extra_buffers_safe(system_info()):  # the weights' buffers as specllm loads them (its AMX kernels crash)
+    if buffers_left_out() == "extra":  # the weights' buffers as specllm loads them (llama.cpp's AMX kernels crash)
         default_params = llama_cpp.llama_cpp.llama_model_default_params
 
         def without_extra_buffers():

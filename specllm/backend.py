@@ -43,32 +43,93 @@ def gpu_layers(options: LoadOptions) -> int:
 
 
 def system_info() -> str:
+    """llama.cpp's build and CPU features, and which of its CPU weight buffers specllm leaves out
+    (a cost curve is measured for one choice: it is part of the curve's cache key)."""
     import llama_cpp
 
-    return llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
+    _init_llama()
+    info = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
+    return info if _buffers_left_out is None else f"{info} specllm: no {_buffers_left_out} buffers |"
 
 
-def extra_buffers_safe(info: str) -> bool:
-    """Whether llama.cpp may put weights in its CPU extra buffer types (repacked layouts), given its
-    system info. Not where it was built with AMX: its AMX matrix kernels crash the process on the first
-    batch of two or more tokens (a prompt's prefill) on some Xeons with AMX (seen here on a 2-core
-    Xeon VM with AMX_INT8, llama-cpp-python 0.3.36, Q4_K_M and Q4_1 models; upstream: llama.cpp
-    issue 20824, unfixed). llama.cpp offers no switch for AMX alone, so the repacking goes with it."""
-    return "AMX_INT8 = 1" not in info
-
-
+# llama.cpp's AMX matrix kernels crash the process (a segmentation fault) at the first batch of two
+# or more tokens, a prompt's prefill, on some Xeons with AMX: on a 2-core Xeon VM with AMX_INT8 every
+# run did (llama-cpp-python 0.3.36, Q4_K_M and Q4_1 models; llama.cpp issue 20824, unfixed). A
+# build has them where it was compiled on such a CPU. llama.cpp has no switch for them alone (its
+# `use_extra_bufts` also drops the repacked layouts, which made one token 1.3x faster there), so
+# the AMX buffer type is taken out of the list of extra buffer types its model loader reads.
+_AMX = b"AMX"
+_buffers_left_out: str | None = None  # "AMX", "extra" (every extra buffer type, where AMX could not be taken out alone), None
 _log_callback = None
 
 
 def _init_llama() -> None:
-    """Once per process: silence llama.cpp's log (it would mix with our stderr) and init the backend."""
-    global _log_callback
+    """Once per process: silence llama.cpp's log (it would mix with our stderr), init the backend,
+    and keep its AMX kernels out of every model loaded from here on."""
+    global _log_callback, _buffers_left_out
     if _log_callback is None:
         import llama_cpp
 
         _log_callback = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
+        if "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode("utf-8", "replace"):
+            _buffers_left_out = "AMX" if _drop_extra_buffer_type(_AMX) else "extra"
+
+
+def _ggml():
+    """llama.cpp's ggml library as ctypes sees it (loaded already, with llama_cpp), or None."""
+    import llama_cpp
+
+    folder = Path(llama_cpp.__file__).parent / "lib"
+    for name in ("libggml.so", "ggml.dll", "libggml.dylib"):
+        try:
+            lib = ctypes.CDLL(str(folder / name))
+        except OSError:
+            continue
+        for function, restype, argtypes in (
+            ("ggml_backend_dev_by_type", ctypes.c_void_p, [ctypes.c_int]),
+            ("ggml_backend_dev_backend_reg", ctypes.c_void_p, [ctypes.c_void_p]),
+            ("ggml_backend_reg_get_proc_address", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]),
+            ("ggml_backend_buft_name", ctypes.c_char_p, [ctypes.c_void_p]),
+        ):
+            getattr(lib, function).restype, getattr(lib, function).argtypes = restype, argtypes
+        return lib
+    return None
+
+
+def buffers_left_out() -> str | None:
+    """Which of llama.cpp's CPU weight buffers specllm keeps models out of: "AMX", "extra" (all of its
+    extra buffer types), or None."""
+    _init_llama()
+    return _buffers_left_out
+
+
+def extra_buffer_types() -> tuple[ctypes.Array | None, list[bytes]]:
+    """The NULL-ended array of CPU extra buffer types llama.cpp's model loader reads, and their names
+    (None and [] where this build does not say)."""
+    lib = _ggml()
+    cpu = lib.ggml_backend_dev_by_type(0) if lib is not None else None  # GGML_BACKEND_DEVICE_TYPE_CPU
+    address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(cpu), b"ggml_backend_dev_get_extra_bufts") if cpu else None
+    if not address:
+        return None, []
+    types = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)(cpu)
+    names = []
+    while types[len(names)]:
+        names.append(lib.ggml_backend_buft_name(types[len(names)]))
+    return types, names
+
+
+def _drop_extra_buffer_type(name: bytes) -> bool:
+    """Take one buffer type out of that array (the rest move up; llama.cpp keeps its own list for
+    computing, where a type with no buffers does nothing). False where the array cannot be read."""
+    types, names = extra_buffer_types()
+    if types is None:
+        return False
+    kept = [types[i] for i, each in enumerate(names) if each != name]
+    for i in range(len(names)):
+        types[i] = kept[i] if i < len(kept) else None
+    return True
 
 
 class LlamaBackend:
@@ -82,7 +143,7 @@ class LlamaBackend:
         _init_llama()
         model_params = llama_cpp.llama_model_default_params()
         self.n_gpu_layers = model_params.n_gpu_layers = gpu_layers(options)
-        if hasattr(model_params, "use_extra_bufts") and not extra_buffers_safe(system_info()):
+        if _buffers_left_out == "extra" and hasattr(model_params, "use_extra_bufts"):
             model_params.use_extra_bufts = False
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
         if not self._model:

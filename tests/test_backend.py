@@ -6,6 +6,8 @@ says why and by how much); any larger difference means wrong rows, wrong positio
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -207,17 +209,16 @@ def test_a_deferred_model_never_used_is_never_loaded():
     assert not model.loaded
 
 
-@pytest.mark.parametrize("amx", [True, False])
-def test_weights_stay_out_of_the_extra_buffers_where_llama_cpp_was_built_with_amx(target_path, monkeypatch, amx):
-    """llama.cpp's AMX kernels crash the process on a prompt's first batch on some Xeons (a 2-core
-    Xeon VM with AMX_INT8 here: every `run` ended in a segmentation fault); elsewhere the repacked
-    layouts stay on, as llama.cpp chooses."""
+@pytest.mark.parametrize("left_out, extra_buffers", [(None, True), ("AMX", True), ("extra", False)])
+def test_models_load_without_the_weight_buffers_left_out(target_path, monkeypatch, left_out, extra_buffers):
+    """Where llama.cpp's AMX buffer type could not be taken out alone, its every extra buffer type
+    is turned off for each model; elsewhere they stay on, as llama.cpp chooses."""
     import llama_cpp
 
     import specllm.backend as backend
 
-    info = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | " + ("AMX_INT8 = 1 | " if amx else "") + "REPACK = 1 |"
-    monkeypatch.setattr(backend, "system_info", lambda: info)
+    backend.buffers_left_out()  # llama.cpp initialised first: it decides once per process
+    monkeypatch.setattr(backend, "_buffers_left_out", left_out)
     asked = []
     load = llama_cpp.llama_model_load_from_file
 
@@ -230,7 +231,34 @@ def test_weights_stay_out_of_the_extra_buffers_where_llama_cpp_was_built_with_am
     tokens = model.tokenize(TEXT)
     assert model.evaluate(tokens, [len(tokens) - 1]).shape == (1, model.n_vocab)
     model.close()
-    assert asked == [not amx]
+    assert asked == [extra_buffers]
+
+
+def test_the_amx_buffer_type_leaves_the_loaders_list_and_the_others_move_up(monkeypatch):
+    """llama.cpp's AMX kernels crashed every prompt's prefill on a 2-core Xeon with AMX; its
+    repacked layouts (one token 1.3x faster there) must stay."""
+    import specllm.backend as backend
+
+    types = (ctypes.c_void_p * 4)(11, 22, 33, None)
+    monkeypatch.setattr(backend, "extra_buffer_types", lambda: (types, [b"AMX", b"CPU_REPACK", b"OTHER"]))
+    assert backend._drop_extra_buffer_type(b"AMX")
+    assert list(types) == [22, 33, None, None]
+    monkeypatch.setattr(backend, "extra_buffer_types", lambda: (None, []))
+    assert not backend._drop_extra_buffer_type(b"AMX")  # a build whose list cannot be read: every extra type goes
+
+
+def test_no_model_of_this_process_can_use_llama_cpps_amx_buffers():
+    """On a build with AMX kernels (a CPU with AMX_INT8), the list the loader reads has no AMX left
+    and llama.cpp's other extra buffer types stay in it; the cost curve's key says so."""
+    import specllm.backend as backend
+
+    left_out = backend.buffers_left_out()
+    types, names = backend.extra_buffer_types()
+    assert b"AMX" not in names
+    if "AMX_INT8 = 1" in backend.system_info():
+        assert left_out in ("AMX", "extra") and f"specllm: no {left_out} buffers" in backend.system_info()
+    else:
+        assert left_out is None and "specllm" not in backend.system_info()
 
 
 # -- broken files ------------------------------------------------------------------------------
