@@ -87,13 +87,16 @@ def _ggml():
             lib = ctypes.CDLL(str(folder / name))
         except OSError:
             continue
-        for function, restype, argtypes in (
-            ("ggml_backend_dev_by_type", ctypes.c_void_p, [ctypes.c_int]),
-            ("ggml_backend_dev_backend_reg", ctypes.c_void_p, [ctypes.c_void_p]),
-            ("ggml_backend_reg_get_proc_address", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]),
-            ("ggml_backend_buft_name", ctypes.c_char_p, [ctypes.c_void_p]),
-        ):
-            getattr(lib, function).restype, getattr(lib, function).argtypes = restype, argtypes
+        try:
+            for function, restype, argtypes in (
+                ("ggml_backend_dev_by_type", ctypes.c_void_p, [ctypes.c_int]),
+                ("ggml_backend_dev_backend_reg", ctypes.c_void_p, [ctypes.c_void_p]),
+                ("ggml_backend_reg_get_proc_address", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]),
+                ("ggml_backend_buft_name", ctypes.c_char_p, [ctypes.c_void_p]),
+            ):
+                getattr(lib, function).restype, getattr(lib, function).argtypes = restype, argtypes
+        except AttributeError:  # an older ggml without the backend registry
+            return None
         return lib
     return None
 

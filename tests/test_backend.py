@@ -247,6 +247,13 @@ def test_the_amx_buffer_type_leaves_the_loaders_list_and_the_others_move_up(monk
     assert not backend._drop_extra_buffer_type(b"AMX")  # a build whose list cannot be read: every extra type goes
 
 
+def test_a_ggml_without_the_backend_registry_says_nothing_of_its_buffer_types(monkeypatch):
+    import specllm.backend as backend
+
+    monkeypatch.setattr(backend.ctypes, "CDLL", lambda path: object())  # found, but none of the entry points
+    assert backend._ggml() is None and backend.extra_buffer_types() == (None, [])
+
+
 def test_no_model_of_this_process_can_use_llama_cpps_amx_buffers():
     """On a build with AMX kernels (a CPU with AMX_INT8), the list the loader reads has no AMX left
     and llama.cpp's other extra buffer types stay in it; the cost curve's key says so."""
