@@ -45,11 +45,15 @@ def gpu_layers(options: LoadOptions) -> int:
 def system_info() -> str:
     """llama.cpp's build and CPU features, and which of its CPU weight buffers specllm leaves out
     (a cost curve is measured for one choice: it is part of the curve's cache key)."""
+    _init_llama()
+    info = _llama_system_info()
+    return info if _buffers_left_out is None else f"{info} specllm: no {_buffers_left_out} buffers |"
+
+
+def _llama_system_info() -> str:
     import llama_cpp
 
-    _init_llama()
-    info = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
-    return info if _buffers_left_out is None else f"{info} specllm: no {_buffers_left_out} buffers |"
+    return llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
 
 
 # llama.cpp's AMX matrix kernels crash the process (a segmentation fault) at the first batch of two
@@ -58,7 +62,6 @@ def system_info() -> str:
 # build has them where it was compiled on such a CPU. llama.cpp has no switch for them alone (its
 # `use_extra_bufts` also drops the repacked layouts, which made one token 1.3x faster there), so
 # the AMX buffer type is taken out of the list of extra buffer types its model loader reads.
-_AMX = b"AMX"
 _buffers_left_out: str | None = None  # "AMX", "extra" (every extra buffer type, where AMX could not be taken out alone), None
 _log_callback = None
 
@@ -73,8 +76,8 @@ def _init_llama() -> None:
         _log_callback = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
-        if "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode("utf-8", "replace"):
-            _buffers_left_out = "AMX" if _drop_extra_buffer_type(_AMX) else "extra"
+        if "AMX_INT8 = 1" in _llama_system_info():
+            _buffers_left_out = "AMX" if _drop_extra_buffer_type(b"AMX") else "extra"
 
 
 def _ggml():
