@@ -233,12 +233,43 @@ def test_a_deeper_context_costs_more_per_batch_token():
 
 
 def test_step_timings_are_read_back_at_the_calibration_depth():
-    """A deep step that took what the context predicts teaches nothing; one slower than that does."""
+    """A step deeper than the calibration that took what the context predicts teaches nothing; one
+    slower than that does, while it lies within the context the growth was timed to."""
     costs = CostModel({1: 0.03, 32: 0.45}, depth=256, context_seconds=6e-6)
-    costs.observe_verify(32, costs.verify(32, 2048), context=2048)
+    assert costs.reach == 1024
+    costs.observe_verify(32, costs.verify(32, 1000), context=1000)
     assert costs.batch_seconds[32] == pytest.approx(0.45)
-    costs.observe_verify(32, costs.verify(32, 2048) + 0.1, context=2048)
+    costs.observe_verify(32, costs.verify(32, 1000) + 0.1, context=1000)
     assert costs.batch_seconds[32] == pytest.approx(0.45 + LEARNING_RATE * 0.1)
+
+
+def test_passes_beyond_the_timed_context_teach_its_growth_not_the_sizes():
+    """Beyond the context the growth was timed to, it is extrapolated, and real passes there cost
+    more than a straight line says (a 2-core Xeon at 3,000 cached tokens: 1.4-1.9 times the growth
+    per token). Those passes must price deep passes, and leave the sizes as they are at the
+    calibration depth: read back into a size, the misfit made a batch of 32 look 30% dearer at
+    every short context after one bench of long prompts, where `auto` then drafted too short."""
+    measured = CostModel({1: 0.07, 16: 0.28, 32: 0.46}, depth=256, context_seconds=3.5e-6)
+    deeper = measured.copy()
+    deeper.deep_growth = 1.7  # how the machine really grows beyond 1024 cached tokens
+    costs = measured.copy()
+    for context in range(2000, 3400, 20):  # a long prompt's answer, drafted in batches of 16 and 32
+        k = 32 if context % 40 else 16
+        costs.observe_verify(k, deeper.verify(k, context), context=context)
+    assert costs.batch_seconds == measured.batch_seconds  # the sizes at the calibration depth: untouched
+    assert costs.deep_growth == pytest.approx(1.7, rel=0.02)
+    for k in (1, 16, 32):
+        assert costs.verify(k, 3000) == pytest.approx(deeper.verify(k, 3000), rel=0.01)
+        assert costs.verify(k, 800) == pytest.approx(measured.verify(k, 800))  # short contexts priced as measured
+    assert CostModel.from_dict(costs.to_dict()) == costs  # kept with the learned curve
+    # just past the timed context the extrapolated part is too small to tell from a pass's noise
+    costs.observe_verify(32, 2 * costs.verify(32, 1030), context=1030)
+    assert costs.deep_growth == pytest.approx(1.7, rel=0.02) and costs.batch_seconds == measured.batch_seconds
+    # and bench says what was learned
+    from specllm.cli.bench_cmd import _learned_line
+
+    assert "beyond 1024 cached tokens each adds 1.70x the growth timed before it" in _learned_line(measured, costs)
+    assert "no size moved" in _learned_line(measured, measured.copy())
 
 
 def test_one_token_running_slower_than_measured_slows_every_cost_alike():

@@ -231,7 +231,9 @@ def test_what_auto_learned_is_kept_beside_its_calibration_for_the_next_process(t
 def test_a_damaged_or_mismatched_learned_curve_is_left_for_the_calibration(tmp_path):
     cache = tmp_path / "costs.json"
     other_sizes = CostModel({1: 0.1, 2: 0.2}, passes=5).to_dict()
-    for learned in ("garbage", {"batch_seconds": "garbage"}, other_sizes):
+    # refined before passes beyond the timed context were told apart: its sizes may hold their context's cost
+    before_deep_growth = {k: v for k, v in SECOND_A_PASS.to_dict().items() if k != "deep_growth"}
+    for learned in ("garbage", {"batch_seconds": "garbage"}, other_sizes, before_deep_growth):
         cache.write_text(json.dumps({"k": SECOND_A_PASS.to_dict() | {"learned": learned}}), "utf-8")
         assert load_learned(cache, "k", SECOND_A_PASS) is None, learned
         assert load_costs(cache, "k") == SECOND_A_PASS  # the calibration beside it still serves

@@ -20,6 +20,7 @@ import numpy as np
 from specllm.engine.drafters import read_greedy_row
 
 LEARNING_RATE = 0.1  # weight of one observed step in the running estimate
+DEEP_SHARE = 0.1  # a pass beyond the timed context teaches the growth there when its extrapolated part is this much of it
 
 
 @dataclass
@@ -31,6 +32,9 @@ class CostModel:
     draft_token_seconds: float = 0.0  # the draft model reading one more committed token in a batch (0: not measured)
     steady: bool = True  # measured on a machine that was not busy with other work (not saved: a busy curve is not cached)
     passes: int = 0  # timed passes folded in since calibration (this process's and, kept in the cache, earlier ones')
+    # Beyond the deepest context the growth was timed at (`reach`), each cached token adds this many
+    # times `context_seconds`: learned from the passes there, which teach nothing about the sizes.
+    deep_growth: float = 1.0
     # every size from 0 to the largest measured, interpolated once: `verify` runs dozens of times a step
     _dense: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
     _dense_of: dict | None = field(default=None, init=False, repr=False, compare=False)
@@ -40,7 +44,8 @@ class CostModel:
 
         Between measured sizes: interpolated. Context: each batch token attends to every cached
         one, so a pass grows by k * context_seconds per context token (measured with a 1.5B model
-        on 2 cores: from depth 256 to 1024 one token's pass grows 10%, a batch of 32's 32%).
+        on 2 cores: from depth 256 to 1024 one token's pass grows 10%, a batch of 32's 32%), and
+        by deep_growth times that beyond `reach`.
         """
         if self._dense_of is not self.batch_seconds:  # first use, or a curve replaced
             self._densify()
@@ -69,12 +74,18 @@ class CostModel:
         slope = (self.batch_seconds[b] - self.batch_seconds[a]) / (b - a)
         return self.batch_seconds[b] + slope * (k - b)
 
+    @property
+    def reach(self) -> int:
+        """The deepest context the growth per cached token was timed at (`_context_slope`)."""
+        return DEEPER * self.depth
+
     def _context_term(self, k: int, context: int) -> float:
-        return self.context_seconds * k * (context - self.depth)
+        beyond = max(context - self.reach, 0)
+        return self.context_seconds * k * (context - self.depth + (self.deep_growth - 1.0) * beyond)
 
     def copy(self) -> "CostModel":
         return CostModel(dict(self.batch_seconds), self.draft_seconds, self.depth, self.context_seconds, self.draft_token_seconds,
-                         passes=self.passes)  # fmt: skip
+                         passes=self.passes, deep_growth=self.deep_growth)  # fmt: skip
 
     def relative(self, k: int) -> float:
         return self.verify(k) / self.verify(1)
@@ -87,12 +98,23 @@ class CostModel:
         than one token's cost alone. Were one token learned apart, a machine slowed by 10% would
         make every batch look 10% cheaper beside it, and drafts that cannot pay would be chosen
         (seen live: `auto` drafted more, and lost, in the runs where plain decoding was slowest).
-        Other sizes learn their own cost at that speed."""
+        Other sizes learn their own cost at that speed, from passes within the context the growth
+        was timed to. Deeper, the growth is extrapolated and a pass's misfit is the context's: there
+        it teaches `deep_growth`. Read back into its size, it stayed there: after one bench of
+        prompts of 2,000-3,400 tokens (a 2-core Xeon), a batch of 32 was believed to cost 8.7 single
+        tokens at the calibration depth where it costs 6.6, and 16 4.4 for 4.0; at the short contexts
+        that followed, `auto` would have drafted shorter than pays (replay: code edits 3.03x -> 2.83x)."""
         if k == 1:
             expected = self.verify(1, context)
             if expected <= 0:
                 return
             self._rescale(1.0 + LEARNING_RATE * (seconds / expected - 1.0))
+        elif context is not None and context > self.reach and self.context_seconds > 0:
+            extrapolated = self.context_seconds * k * (context - self.reach)  # what deep_growth scales
+            expected = self.verify(k, context)
+            if extrapolated < DEEP_SHARE * expected:
+                return  # too small a part of the pass to tell from its noise
+            self.deep_growth = max(self.deep_growth + LEARNING_RATE * (seconds - expected) / extrapolated, 0.0)
         elif k in self.batch_seconds:
             at_depth = seconds - (self._context_term(k, context) if context is not None else 0.0)
             self.batch_seconds[k] += LEARNING_RATE * (at_depth - self.batch_seconds[k])
@@ -139,6 +161,7 @@ class CostModel:
             "context_seconds": self.context_seconds,
             "draft_token_seconds": self.draft_token_seconds,
             "passes": self.passes,
+            "deep_growth": self.deep_growth,
         }
 
     @classmethod
@@ -150,6 +173,7 @@ class CostModel:
             float(data.get("context_seconds", 0.0)),
             float(data.get("draft_token_seconds", 0.0)),
             passes=int(data.get("passes", 0)),
+            deep_growth=float(data.get("deep_growth", 1.0)),
         )
 
 
@@ -331,9 +355,13 @@ def save_costs(path: Path | None, key: str, costs: CostModel) -> None:
 
 
 def load_learned(path: Path | None, key: str, calibrated: CostModel) -> CostModel | None:
-    """The curve earlier processes refined from this calibration (`save_learned`), or None."""
-    learned = _entry(_read_cache(path).get(key) or {}, "learned")
-    return learned if learned and learned.batch_seconds.keys() == calibrated.batch_seconds.keys() else None
+    """The curve earlier processes refined from this calibration (`save_learned`), or None; none refined
+    before passes beyond the timed context were told apart (its sizes may hold their context's cost)."""
+    entry = _read_cache(path).get(key) or {}
+    learned = _entry(entry, "learned")
+    if learned is None or "deep_growth" not in entry["learned"]:
+        return None
+    return learned if learned.batch_seconds.keys() == calibrated.batch_seconds.keys() else None
 
 
 def save_learned(path: Path | None, key: str, calibrated: CostModel, learned: CostModel) -> None:
