@@ -176,9 +176,9 @@ def long_prompts() -> _Replays:
 @pytest.mark.parametrize("curve", CURVES)
 def test_on_prompts_of_thousands_of_tokens_the_promise_holds(long_prompts, curve):
     """Four prompts of 2,000-3,400 tokens (`long-prompts.jsonl`: two whole modules of CPython's
-    standard library to edit, one long document to summarise, one to answer from; -n 256), where
-    every pass pays for the deep context: every category at least 0.97x plain, and the two modules,
-    re-typed, at least 1.3x."""
+    standard library to edit, two sections of the language reference to summarise and to answer
+    from; -n 256), where every pass pays for the deep context: every category at least 0.97x plain,
+    and the two modules, re-typed, at least 1.3x."""
     figures = long_prompts[curve]
     assert not _below_the_promise(figures), _below_the_promise(figures)
     assert figures["code_edit"]["plain"] / figures["code_edit"]["auto"] >= 1.3
