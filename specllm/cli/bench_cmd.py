@@ -198,7 +198,7 @@ def _learned_line(calibrated, learned, earlier: int = 0, moved: float = 0.05) ->
         for k in sorted(learned.batch_seconds)
         if k > 1 and abs(learned.relative(k) / calibrated.relative(k) - 1) > moved
     ]
-    if abs(learned.deep_growth / calibrated.deep_growth - 1) > moved:
+    if abs(learned.deep_growth - calibrated.deep_growth) > moved:  # a ratio to the growth timed, 1 as calibrated
         changes.append(f"beyond {learned.reach} cached tokens each adds {learned.deep_growth:.2f}x the growth timed before it")
     passes = f"{learned.passes - earlier} passes of this run's auto" + (f" after {earlier} of earlier runs" if earlier else "")
     prefix = f"cost curve refined by {passes} (the oracle is priced by it): "
