@@ -27,6 +27,7 @@ class LoadOptions:
     n_threads: int | None = None  # None: every core up to 8, half of them above
     n_gpu_layers: int = -1  # -1: all layers when the build can offload, else 0
     n_batch: int = 512
+    exact: bool = False  # batch-invariant kernels: a batch's rows equal single tokens' bit for bit (CPU only, slower)
 
 
 def supports_gpu_offload() -> bool:
@@ -37,6 +38,8 @@ def supports_gpu_offload() -> bool:
 
 def gpu_layers(options: LoadOptions) -> int:
     """The layers a model loaded with `options` offloads: all of them (-1) only where the build can."""
+    if options.exact:
+        return 0  # llama.cpp's GPU kernels differ by batch size too, and have no switches
     if options.n_gpu_layers >= 0:
         return options.n_gpu_layers
     return 999 if supports_gpu_offload() else 0
@@ -138,6 +141,35 @@ def _drop_extra_buffer_type(name: bytes) -> bool:
     return True
 
 
+# Three of llama.cpp's CPU kernels compute a row of a batch differently from the same token alone (read
+# in the source llama-cpp-python 0.3.36 builds, and measured), so a batched verification's logits differ
+# from plain decoding's by up to 0.5 and a near tie can flip: the repacked weight layouts' kernel for
+# 4 rows or more, the tiled K-quant kernel for 8 or more, and flash attention's split of the cache
+# among threads for one token after 512 cached ones (only where K and V share a type). `exact` turns
+# each off: no extra buffer types, the tiled kernel's switch (an environment variable llama.cpp reads
+# once per process) and V cached in F32; attention goes through flash attention's per-row kernel.
+EXACT_CHECK_TEXT = " one two three four five six seven eight nine ten"
+
+
+def check_batch_invariance(model: "Backend") -> None:
+    """One token alone and the same token first in a batch of 8 must give the same logits, bit for
+    bit: where they differ (another kernel, or the tiled one switched on before this process asked),
+    exact output cannot be promised. Costs one pass and one batch of 8; leaves the KV cache empty."""
+    tokens = model.tokenize(EXACT_CHECK_TEXT)[:8]
+    model.rewind(0)
+    alone = np.array(model.evaluate(tokens[:1], [0])[0])
+    model.rewind(0)
+    in_batch = np.array(model.evaluate(tokens, [0])[0])
+    model.rewind(0)
+    if not np.array_equal(alone, in_batch):
+        gap = float(np.max(np.abs(alone - in_batch)))
+        raise SpecllmError(
+            f"{Path(getattr(model, 'path', 'the target')).name}: exact kernels are not available here: llama.cpp computes a batch's first "
+            f"token differently from the same token alone (logits up to {gap:.3g} apart), so output could part "
+            "from plain decoding's at a near tie"
+        )
+
+
 class LlamaBackend:
     """One GGUF model loaded through llama.cpp, with one sequence in its KV cache."""
 
@@ -149,8 +181,10 @@ class LlamaBackend:
         _init_llama()
         model_params = llama_cpp.llama_model_default_params()
         self.n_gpu_layers = model_params.n_gpu_layers = gpu_layers(options)
-        if _buffers_left_out == "extra" and hasattr(model_params, "use_extra_bufts"):
+        if (options.exact or _buffers_left_out == "extra") and hasattr(model_params, "use_extra_bufts"):
             model_params.use_extra_bufts = False
+        if options.exact:
+            os.environ["GGML_CPU_TILED_MM"] = "0"  # read once, at the process's first matrix product
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
         if not self._model:
             raise SpecllmError(f"{self.path}: llama.cpp could not load it (unsupported architecture or damaged file)")
@@ -166,6 +200,9 @@ class LlamaBackend:
         threads = options.n_threads or _default_threads()
         ctx_params.n_threads = threads
         ctx_params.n_threads_batch = threads
+        if options.exact:
+            ctx_params.flash_attn_type = 1  # LLAMA_FLASH_ATTN_TYPE_ENABLED: one kernel per query row
+            ctx_params.type_v = 30  # GGML_TYPE_BF16: K and V of different types keep one token's attention unsplit
         self.n_threads = threads
         self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
@@ -178,6 +215,13 @@ class LlamaBackend:
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.n_past = 0
         self._piece_cache: dict[int, bytes] = {}
+        self.exact = options.exact
+        if options.exact:
+            try:
+                check_batch_invariance(self)
+            except SpecllmError:
+                self.close()
+                raise
 
     # -- tokens -------------------------------------------------------------------------
 

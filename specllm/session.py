@@ -156,7 +156,8 @@ class Engine:
         parts = [self.target_info, self.draft_info]
         files = [f"{info.path.name}:{info.size}:{info.path.stat().st_mtime_ns}" for info in parts if info is not None]
         largest = batch_sizes(max_batch, self.target.n_ctx)[-1]  # a small context times fewer sizes
-        return "|".join(files + [f"threads={self.target.n_threads}", f"ngl={self.target.n_gpu_layers}", f"max={largest}", CALIBRATION_METHOD, system_info()])
+        kernels = ["exact kernels"] if getattr(self.target, "exact", False) else []  # a curve of their own: slower, steeper
+        return "|".join(files + [f"threads={self.target.n_threads}", f"ngl={self.target.n_gpu_layers}", f"max={largest}", CALIBRATION_METHOD, system_info()] + kernels)
 
     def decoder(self, strategy: str | None = None) -> Decoder:
         """A fresh decoder (empty history, KV caches cleared) for a strategy."""

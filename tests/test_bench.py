@@ -76,6 +76,16 @@ def _run(prompt, strategy, tokens, seconds, drafted=0, accepted=0, passes=None, 
     return Run(prompt, strategy, 0, prompt_tokens or [1, 2, 3], tokens, stats)
 
 
+def test_with_exact_kernels_a_parted_text_is_reported_as_a_bug():
+    from specllm.cli.bench_cmd import _exact_line
+
+    p0, p1 = PROMPTS[0], PROMPTS[2]
+    same = [_run(p0, "off", [1] * 4, 1.0), _run(p0, "ngram", [1] * 4, 0.5), _run(p1, "off", [2] * 4, 1.0), _run(p1, "ngram", [2] * 4, 0.5)]
+    assert _exact_line(same) == "exact kernels: all 2 texts equal off's, token for token"
+    parted = same[:3] + [_run(p1, "ngram", [2, 3, 2, 2], 0.5)]
+    assert "yet 1 of 2 texts part from off's: a bug" in _exact_line(parted)
+
+
 def test_summary_arithmetic():
     p0, p1 = PROMPTS[0], PROMPTS[2]
     runs = [

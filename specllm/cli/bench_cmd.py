@@ -47,9 +47,10 @@ def bench(
     threads: o.Threads = o.LOAD.n_threads,
     gpu_layers: o.GpuLayers = o.LOAD.n_gpu_layers,
     gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
+    exact: o.Exact = o.LOAD.exact,
 ) -> None:
     """Measure plain decoding against each speculation strategy on the same prompts."""
-    o.check_common(max_tokens, ctx_size, threads)
+    o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers)
     if repeats < 1 or (limit is not None and limit < 1):
         raise UsageError("--repeats and --limit must be at least 1")
     chosen = _strategies(strategies)
@@ -60,7 +61,7 @@ def bench(
         _check_output(flag, target)
     workload = load_prompts(prompts, _split(categories), limit)
     spec = SpecConfig("ngram+draft", draft_max, draft_p_min, ngram_min, ngram_max).validate()
-    engine = c.open_engine(model, draft, spec, ctx_size, threads, gpu_layers, gpu_layers_draft)
+    engine = c.open_engine(model, draft, spec, ctx_size, threads, gpu_layers, gpu_layers_draft, exact)
     if any(s in ("draft", "ngram+draft") for s in chosen) and engine.draft is None:
         chosen = [s for s in chosen if s not in ("draft", "ngram+draft")]
         c.warn("no draft model: skipping the draft and ngram+draft strategies")
@@ -78,6 +79,8 @@ def bench(
     if report["undrafted_pass_ratio"] is not None:
         out.print(_noise_line(report["undrafted_pass_ratio"]))
     out.print(_curve_line(costs))
+    if engine.target.exact and params.greedy:
+        out.print(_exact_line(runs))
     if learned is not costs:
         out.print(_learned_line(costs, learned, engine.learned_before))
     if json_file is not None:
@@ -205,6 +208,15 @@ def _learned_line(calibrated, learned, earlier: int = 0, moved: float = 0.05) ->
     return prefix + (", ".join(changes) if changes else f"no size moved by more than {moved:.0%}")
 
 
+def _exact_line(runs) -> str:
+    """With exact kernels a text that parts from off's is a bug, never a near tie: say so."""
+    compared = sum(r.strategy != "off" for r in runs)
+    parted = parting_points(runs)
+    if not parted:
+        return f"exact kernels: all {compared} texts equal off's, token for token"
+    return f"exact kernels, yet {len(parted)} of {compared} texts part from off's: a bug, please report it (with --json)"
+
+
 def _report(engine, settings, costs, learned, rows, runs, workload, partial, prompts_file) -> dict:
     parts = parting_points(runs)
     return {
@@ -216,6 +228,7 @@ def _report(engine, settings, costs, learned, rows, runs, workload, partial, pro
             "threads": engine.target.n_threads,
             "gpu_layers": {"target": engine.target.n_gpu_layers, "draft": engine.draft.n_gpu_layers if engine.draft else None},
             "llama_cpp": system_info(),
+            "exact_kernels": engine.target.exact,
         },
         "models": {
             role: {"path": str(info.path), "bytes": info.size, "architecture": info.architecture}

@@ -35,6 +35,7 @@ def chat(
     threads: o.Threads = o.LOAD.n_threads,
     gpu_layers: o.GpuLayers = o.LOAD.n_gpu_layers,
     gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
+    exact: o.Exact = o.LOAD.exact,
     system: o.System = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No statistics on stderr.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="A summary after each reply even when stderr is not a terminal.")] = False,
@@ -45,11 +46,11 @@ def chat(
     Replies go to stdout and nothing else does, so a script can drive a chat through a pipe.
     """
     params = o.sampling_params(temp, top_k, top_p, min_p, seed)
-    o.check_common(max_tokens, ctx_size, threads)
+    o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers)
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     colour = use_colour(color, sys.stdout)
     interactive = sys.stdin.isatty()
-    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft)
+    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact)
     loop = ChatLoop(
         engine,
         Conversation(system or None),

@@ -25,6 +25,7 @@ def open_engine(
     threads: int | None,
     gpu_layers: int,
     gpu_layers_draft: int,
+    exact: bool = False,
 ) -> Engine:
     """Resolve names to verified files (downloading when needed) and load them."""
     spec = spec.validate()
@@ -39,7 +40,7 @@ def open_engine(
                 draft_path = auto_draft(model, target_path, reg, progress)
             elif draft_name:
                 draft_path = store.resolve_model(draft_name, reg, progress=progress, warn=warn)
-    options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers)
+    options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers, exact=exact)
     draft_options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers_draft)
     engine = Engine(ModelPaths(target_path, draft_path), spec, options, draft_options, catalog.cache_dir() / "costs.json")
     if spec.strategy == "auto":

@@ -18,7 +18,7 @@ from specllm.session import STRATEGIES, SpecConfig
 
 SPEC = SpecConfig()  # --spec, --draft-max, --draft-p-min, --ngram-min, --ngram-max
 SAMPLING = SamplingParams()  # --temp, --top-k, --top-p, --min-p, --seed
-LOAD = LoadOptions()  # --ctx-size, --threads, --gpu-layers, --gpu-layers-draft
+LOAD = LoadOptions()  # --ctx-size, --threads, --gpu-layers, --gpu-layers-draft, --exact
 MAX_TOKENS = 512  # run and chat
 BENCH_MAX_TOKENS = 128  # bench: short generations, many prompts
 BENCH_TEMP = 0.0  # bench: greedy, so every strategy's text can be compared with off's
@@ -43,6 +43,7 @@ CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in 
 Threads = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads. [default: all cores up to 8]")]
 GpuLayers = Annotated[int, typer.Option("--gpu-layers", "-ngl", help="Target layers on the GPU (-1: all when the build supports it).")]
 GpuLayersDraft = Annotated[int, typer.Option("--gpu-layers-draft", "-ngld", help="Draft layers on the GPU (-1: all when supported).")]
+Exact = Annotated[bool, typer.Option("--exact", help="Batch-invariant kernels: at --temp 0 the text is bit-identical to plain decoding's (--spec off --exact), never parted by a near tie. Target on the CPU; slower.")]
 System = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")]
 Color = Annotated[str, typer.Option("--color", help="Colour tokens by source: auto, always, never.")]
 
@@ -51,10 +52,12 @@ def sampling_params(temp: float, top_k: int, top_p: float, min_p: float, seed: i
     return SamplingParams(temp, top_k, top_p, min_p, seed).validate()
 
 
-def check_common(max_tokens: int, ctx_size: int, threads: int | None) -> None:
+def check_common(max_tokens: int, ctx_size: int, threads: int | None, exact: bool = False, gpu_layers: int = -1) -> None:
     if max_tokens < 1:
         raise UsageError(f"--max-tokens must be at least 1, got {max_tokens}")
     if ctx_size < 8:
         raise UsageError(f"--ctx-size must be at least 8 tokens, got {ctx_size}")
     if threads is not None and not 1 <= threads <= MAX_THREADS:
         raise UsageError(f"--threads must be between 1 and {MAX_THREADS}, got {threads}")
+    if exact and gpu_layers > 0:
+        raise UsageError("--exact runs the target on the CPU (GPU kernels differ by batch size too): drop --gpu-layers")

@@ -39,6 +39,7 @@ def run(
     threads: o.Threads = o.LOAD.n_threads,
     gpu_layers: o.GpuLayers = o.LOAD.n_gpu_layers,
     gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
+    exact: o.Exact = o.LOAD.exact,
     system: o.System = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead of the text.")] = False,
@@ -48,11 +49,11 @@ def run(
 ) -> None:
     """Generate a reply to a prompt (and piped stdin), streaming plain text to stdout."""
     params = o.sampling_params(temp, top_k, top_p, min_p, seed)
-    o.check_common(max_tokens, ctx_size, threads)
+    o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers)
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     colour = use_colour(color, sys.stdout) and not as_json
     text = c.read_prompt(prompt)
-    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft)
+    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact)
     tokens = engine.encode(text, system, raw)
     stats, done = Stats(), None
     writer = TokenWriter(colour=colour)

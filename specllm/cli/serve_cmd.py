@@ -29,13 +29,14 @@ def serve(
     threads: o.Threads = o.LOAD.n_threads,
     gpu_layers: o.GpuLayers = o.LOAD.n_gpu_layers,
     gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
+    exact: o.Exact = o.LOAD.exact,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port).")] = 8080,
     queue_size: Annotated[int, typer.Option("--queue-size", help="Requests that may wait while one is served; more get HTTP 503.")] = 8,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn's log level: warning, info (one line per request), debug.")] = "warning",
 ) -> None:
     """Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health)."""
-    o.check_common(1, ctx_size, threads)
+    o.check_common(1, ctx_size, threads, exact, gpu_layers)
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {port}")
     if queue_size < 1:
@@ -46,7 +47,7 @@ def serve(
     except ImportError as exc:
         raise SpecllmError(f'`specllm serve` needs the server extra ({exc.name} is missing): pip install "specllm[server]"') from None
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
-    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft)
+    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact)
     service = Service(engine, _model_id(model), queue_size)
 
     def ready(bound_host: str, bound_port: int) -> None:
