@@ -39,8 +39,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--gpu-layers", type=int, default=-1, help="-1: every layer where the build can offload")
     parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--exact", action="store_true", help="the target with batch-invariant kernels (specllm --exact)")
     args = parser.parse_args()
-    options = LoadOptions(n_ctx=args.ctx_size, n_threads=args.threads, n_gpu_layers=args.gpu_layers)
+    options = LoadOptions(n_ctx=args.ctx_size, n_threads=args.threads, n_gpu_layers=args.gpu_layers, exact=args.exact)
     target, target_load = _loaded(args.target, options)
     draft, draft_load = _loaded(args.draft, LoadOptions(n_ctx=target.n_ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers))
     started = time.perf_counter()
@@ -54,6 +55,7 @@ def main() -> None:
         "steady": costs.steady,
         "calibration_seconds": round(time.perf_counter() - started, 1),
         "system_info": system_info(),
+        "exact_kernels": target.exact,
     }
     print(json.dumps(report, indent=1))
     draft.close()

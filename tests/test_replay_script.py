@@ -121,13 +121,15 @@ DATA = Path(__file__).resolve().parent / "data"
 # Xeon with AMX, whose curves no constant was tuned on: as specllm loads models there (llama.cpp's
 # repacked layouts, its AMX ones left out), and with no extra buffer types at all (where AMX cannot
 # be left out alone): dear at first (a batch of 2 at 1.33 tokens, 4 at 2.09), then nearly flat (16
-# at 3.36, 32 at 4.73).
+# at 3.36, 32 at 4.73); and the same Xeon with `--exact`'s batch-invariant kernels, the steepest
+# (16 at 5.99, 32 at 11.8).
 CHECKED_CURVES = (
     "this-machine-avx512-2core.json",
     "zen3-avx2-2core.json",
     "this-machine-avx512-2core-2026-12-04.json",
     "epyc-avx2-2core-2026-12-04.json",
     "xeon-amx-2core-repack-2026-12-05.json",
+    "xeon-amx-2core-exact-2026-12-05.json",
 )
 CPU_CURVES = (*CHECKED_CURVES, "xeon-amx-2core-2026-12-05.json")
 CURVES = (*CPU_CURVES, "flat-gpu-synthetic.json")
