@@ -10,7 +10,7 @@ import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from specllm.backend import DeferredBackend, LlamaBackend, LoadOptions, system_info
+from specllm.backend import EXACT_MAX_BATCH, DeferredBackend, LlamaBackend, LoadOptions, system_info
 from specllm.chat import encode_messages, encode_raw
 from specllm.engine.auto import AutoDrafter
 from specllm.engine.costmodel import (
@@ -95,6 +95,8 @@ class Engine:
         self.learned_before = 0  # passes the learned curve had folded in when this engine took it from the cache
         self._learned_key = ""  # the cache entry it was taken from (and goes back to)
         self.target = LlamaBackend(paths.target, target_options)
+        # the largest verification: with exact kernels, the largest whose rows equal single tokens'
+        self.max_batch = min(AUTO_MAX_BATCH, EXACT_MAX_BATCH) if getattr(self.target, "exact", False) else AUTO_MAX_BATCH
         self.draft: DeferredBackend | None = None
         if draft_info is not None:
             # `auto` loads the draft model when it first consults it, and on most CPUs that is never
@@ -111,8 +113,9 @@ class Engine:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         return encode_messages(self.target, messages)
 
-    def costs(self, max_batch: int = AUTO_MAX_BATCH) -> CostModel:
+    def costs(self, max_batch: int | None = None) -> CostModel:
         """This machine's cost curve for these models: from the cost cache when it matches, else measured."""
+        max_batch = max_batch or self.max_batch
         if not self.costs_known(max_batch):
             self._costs = measure_costs(self.target, self.draft.load() if self.draft else None, max_batch=max_batch)
             if self._costs.steady:  # a curve timed while other work shared the cores serves this run only
@@ -131,7 +134,7 @@ class Engine:
         code edits). Learned within one generation only, that is forgotten at the next; within one
         process only, a user's one-prompt `run`s never gather enough passes to correct it."""
         if self._learned is None:
-            calibrated, self._learned_key = self.costs(), self._cost_key(AUTO_MAX_BATCH)
+            calibrated, self._learned_key = self.costs(), self._cost_key(self.max_batch)
             self._learned = load_learned(self.cost_cache, self._learned_key, calibrated) or calibrated.copy()
             self.learned_before = self._learned.passes
         return self._learned
@@ -145,8 +148,9 @@ class Engine:
         if self._learned is not None and self._learned.passes > self.learned_before:
             save_learned(self.cost_cache, self._learned_key, self._costs, self._learned)
 
-    def costs_known(self, max_batch: int = AUTO_MAX_BATCH) -> bool:
+    def costs_known(self, max_batch: int | None = None) -> bool:
         """Whether `costs` can answer without measuring: held already, or cached for this machine and these models."""
+        max_batch = max_batch or self.max_batch
         sizes = batch_sizes(max_batch, self.target.n_ctx)
         if self._costs is None or max(self._costs.batch_seconds) < sizes[-1]:
             self._costs = load_costs(self.cost_cache, self._cost_key(max_batch))
@@ -172,7 +176,7 @@ class Engine:
             model = ModelDrafter(self.draft, spec.draft_p_min, self.target.n_vocab) if self.draft else None
             policy = CostAwarePolicy(
                 self.learned_costs(),
-                draft_max=AUTO_MAX_BATCH - 1,
+                draft_max=self.max_batch - 1,
                 has_draft_model=model is not None,
                 sentence_end=functools.cache(lambda token: ends_sentence(self.target.token_bytes(token))),
             )
@@ -185,7 +189,7 @@ class Engine:
             "ngram+draft": [ngram, model] if model else [ngram],
         }[spec.strategy]
         drafter = ChainDrafter(drafters) if len(drafters) > 1 else drafters[0] if drafters else None
-        return Decoder(self.target, drafter, fixed_budget(spec.draft_max))
+        return Decoder(self.target, drafter, fixed_budget(min(spec.draft_max, self.max_batch - 1)))
 
     def close(self) -> None:
         for model in (self.draft, self.target):
