@@ -114,8 +114,9 @@ from specllm.engine.decode import StepDone
 from specllm.engine.sampling import SamplingParams
 from specllm.session import Engine, ModelPaths, SpecConfig
 
-target, prompt_file, curve = sys.argv[1:4]
-engine = Engine(ModelPaths(target), SpecConfig("ngram", draft_max=16), LoadOptions(n_ctx=1024, n_threads=2, exact=True), LoadOptions(), None)
+target, draft, prompt_file, curve = sys.argv[1:5]
+options = LoadOptions(n_ctx=1024, n_threads=2, exact=True)
+engine = Engine(ModelPaths(target, draft), SpecConfig("ngram+draft", draft_max=16), options, LoadOptions(n_threads=2), None)
 engine.costs = lambda max_batch=None: CostModel.from_dict(json.load(open(curve))["calibrated"])  # this project's Xeon, measured exact
 model = engine.target
 tokens = engine.encode(open(prompt_file).read())
@@ -136,7 +137,7 @@ def counted(batch, rows, copy=True):
     return evaluate(batch, rows, copy)
 model.evaluate = counted
 texts = {}
-for strategy in ("off", "ngram", "auto"):
+for strategy in ("off", "ngram", "draft", "ngram+draft", "auto"):
     sizes.clear()
     events = list(engine.decoder(strategy).generate(tokens, 64, SamplingParams(temperature=0.0), np.random.default_rng(0)))
     drafted = sum(e.drafted for e in events if isinstance(e, StepDone))
@@ -216,11 +217,12 @@ def _in_a_process(home, script: str, *args, timeout: float = 300) -> subprocess.
 
 def test_greedy_speculation_is_plain_decoding_bit_for_bit(qwen_pair, home, tmp_path):
     """Past 256 cached tokens, every split of 24 tokens into batches of up to EXACT_MAX_BATCH gives
-    the logits of one token at a time, to the bit; `off`, `ngram` and `auto` give the same tokens,
-    the speculative ones drafting, none verifying more than EXACT_MAX_BATCH tokens a pass."""
+    the logits of one token at a time, to the bit; every strategy gives `off`'s tokens, the
+    speculative ones drafting (the draft model with its own, faster kernels), none verifying more
+    than EXACT_MAX_BATCH tokens a pass."""
     prompt = tmp_path / "edit.txt"
     prompt.write_text(EDIT)
-    done = _in_a_process(home, EXACT_SCRIPT, qwen_pair[0], prompt, ROOT / "tests/data/xeon-amx-2core-exact-2026-12-05.json")
+    done = _in_a_process(home, EXACT_SCRIPT, *qwen_pair, prompt, ROOT / "tests/data/xeon-amx-2core-exact-2026-12-05.json")
     if done.returncode and not X86_BUILD and "exact kernels are not available here" in done.stderr:
         return  # refused where kernels cannot be kept apart: said, not wrong
     assert done.returncode == 0, done.stderr[-3000:]
@@ -229,7 +231,7 @@ def test_greedy_speculation_is_plain_decoding_bit_for_bit(qwen_pair, home, tmp_p
     assert result["splits"] == {split: 0.0 for split in result["splits"]}
     off = result["texts"]["off"]
     assert len(off["tokens"]) == 64 and off["largest_verification"] == 1
-    for strategy in ("ngram", "auto"):
+    for strategy in ("ngram", "draft", "ngram+draft", "auto"):
         run = result["texts"][strategy]
         assert run["drafted"] > 0 and 1 < run["largest_verification"] <= EXACT_MAX_BATCH == result["max"]
         assert run["tokens"] == off["tokens"], strategy

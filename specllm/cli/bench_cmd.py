@@ -79,8 +79,8 @@ def bench(
     if report["undrafted_pass_ratio"] is not None:
         out.print(_noise_line(report["undrafted_pass_ratio"]))
     out.print(_curve_line(costs))
-    if engine.target.exact and params.greedy:
-        out.print(_exact_line(runs))
+    if params.greedy and (engine.target.exact or parting_points(runs)):
+        out.print(_parting_line(runs, engine.target.exact))
     if learned is not costs:
         out.print(_learned_line(costs, learned, engine.learned_before))
     if json_file is not None:
@@ -208,13 +208,17 @@ def _learned_line(calibrated, learned, earlier: int = 0, moved: float = 0.05) ->
     return prefix + (", ".join(changes) if changes else f"no size moved by more than {moved:.0%}")
 
 
-def _exact_line(runs) -> str:
-    """With exact kernels a text that parts from off's is a bug, never a near tie: say so."""
+def _parting_line(runs, exact: bool) -> str:
+    """Greedy texts that part from off's: near ties flipped by llama.cpp's batch kernels, or, with
+    exact kernels, a bug."""
     compared = sum(r.strategy != "off" for r in runs)
-    parted = parting_points(runs)
+    parted = len(parting_points(runs))
+    if not exact:
+        return (f"{parted} of {compared} texts part from off's: llama.cpp rounds a token in a batch differently "
+                "from one alone, which flips near ties; --exact rules that out (slower)")  # fmt: skip
     if not parted:
         return f"exact kernels: all {compared} texts equal off's, token for token"
-    return f"exact kernels, yet {len(parted)} of {compared} texts part from off's: a bug, please report it (with --json)"
+    return f"exact kernels, yet {parted} of {compared} texts part from off's: a bug, please report it (with --json)"
 
 
 def _report(engine, settings, costs, learned, rows, runs, workload, partial, prompts_file) -> dict:
