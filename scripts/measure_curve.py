@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specllm.backend import EXACT_MAX_BATCH, LlamaBackend, LoadOptions, system_info  # noqa: E402
+from specllm.backend import LlamaBackend, LoadOptions, system_info  # noqa: E402
 from specllm.engine.costmodel import measure_costs  # noqa: E402
 
 
@@ -39,13 +39,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--gpu-layers", type=int, default=-1, help="-1: every layer where the build can offload")
     parser.add_argument("--max-batch", type=int, default=32)
-    parser.add_argument("--exact", action="store_true", help="the target with batch-invariant kernels (specllm --exact; batches up to EXACT_MAX_BATCH)")
+    parser.add_argument("--exact", action="store_true", help="the target with batch-invariant kernels (specllm --exact; batches as large as keep them)")
     args = parser.parse_args()
     options = LoadOptions(n_ctx=args.ctx_size, n_threads=args.threads, n_gpu_layers=args.gpu_layers, exact=args.exact)
     target, target_load = _loaded(args.target, options)
     draft, draft_load = _loaded(args.draft, LoadOptions(n_ctx=target.n_ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers))
     started = time.perf_counter()
-    largest = min(args.max_batch, EXACT_MAX_BATCH) if args.exact else args.max_batch  # as the engine verifies
+    largest = min(args.max_batch, target.exact_batch or args.max_batch)  # as the engine verifies
     costs = measure_costs(target, draft, max_batch=largest)
     report = {
         "machine": args.machine,

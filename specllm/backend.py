@@ -27,7 +27,7 @@ class LoadOptions:
     n_threads: int | None = None  # None: every core up to 8, half of them above
     n_gpu_layers: int = -1  # -1: all layers when the build can offload, else 0
     n_batch: int = 512
-    exact: bool = False  # batch-invariant kernels: a batch's rows equal single tokens' bit for bit (CPU only, slower; batches up to EXACT_MAX_BATCH)
+    exact: bool = False  # batch-invariant kernels: verified rows equal single tokens' bit for bit (CPU only; small batches)
 
 
 def supports_gpu_offload() -> bool:
@@ -145,35 +145,39 @@ def _drop_extra_buffer_type(name: bytes) -> bool:
 # in the source llama-cpp-python 0.3.36 builds, and measured), so a batched verification's logits differ
 # from plain decoding's by up to 0.8 and a near tie can flip: the repacked weight layouts' kernel for
 # 4 rows or more, the tiled K-quant kernel for 8 or more, and flash attention's split of the cache
-# among threads for one token once 256 are cached (only where K and V share a type). `exact` leaves
-# out the repacked layouts, caches V in BF16 beside K's F16 (attention then takes flash attention's
-# per-row kernel at every size) and verifies at most EXACT_MAX_BATCH tokens a pass; the tiled kernel
-# stays for the prompt, read in larger batches by plain and speculative decoding alike (2.6-2.9x faster
-# than without it on a 2-core Xeon).
+# among threads for one token once 256 are cached (only where K and V share a type). `exact` caches V
+# in BF16 beside K's F16 (attention then takes flash attention's per-row kernel at every size) and
+# verifies no more tokens a pass than the largest batch whose rows equal single tokens', found at load
+# (`exact_batch`): 3 where the weights are repacked, 7 where not. Prompts, read alike by plain and
+# speculative decoding, keep every kernel; so does plain decoding (one token a pass).
 EXACT_MAX_BATCH = 7  # below the tiled kernel's smallest batch (llama.cpp's ggml_tiled_min_batch: 8)
 EXACT_CHECK_TEXT = " one two three four five six seven eight nine ten"
 
 
-def check_batch_invariance(model: "Backend", sizes: Sequence[int] = (2, EXACT_MAX_BATCH)) -> None:
-    """One token alone and the same token first in a batch of each size must give the same logits,
-    bit for bit: where they differ, exact output cannot be promised. Costs a pass and a batch of
-    each size; leaves the KV cache empty."""
-    tokens = model.tokenize(EXACT_CHECK_TEXT)
+def exact_batch(model: "Backend", largest: int = EXACT_MAX_BATCH) -> int:
+    """The largest batch (up to `largest`) such that in it and in every smaller one a token's logits
+    are, bit for bit, those of the same token alone: batches of 2, 3, ... are compared with one token
+    until one differs. Where even 2 does, exact output would mean plain decoding: refused. Costs a
+    pass and a batch of each size tried; leaves the KV cache empty."""
+    tokens = model.tokenize(EXACT_CHECK_TEXT)[:largest]
     model.rewind(0)
     alone = np.array(model.evaluate(tokens[:1], [0])[0])
-    for size in sizes:
+    size, gap = 1, 0.0
+    while size < len(tokens):
         model.rewind(0)
-        in_batch = np.array(model.evaluate(tokens[:size], [0])[0])
+        in_batch = np.array(model.evaluate(tokens[: size + 1], [0])[0])
         if not np.array_equal(alone, in_batch):
+            gap = float(np.max(np.abs(alone - in_batch)))
             break
+        size += 1
     model.rewind(0)
-    if not np.array_equal(alone, in_batch):
-        gap = float(np.max(np.abs(alone - in_batch)))
+    if size < 2:
         raise SpecllmError(
             f"{Path(getattr(model, 'path', 'the target')).name}: exact kernels are not available here: llama.cpp computes a token "
-            f"in a batch of {size} differently from the same token alone (logits up to {gap:.3g} apart), so output could part "
+            f"in a batch of 2 differently from the same token alone (logits up to {gap:.3g} apart), so output could part "
             "from plain decoding's at a near tie"
         )
+    return size
 
 
 class LlamaBackend:
@@ -187,7 +191,7 @@ class LlamaBackend:
         _init_llama()
         model_params = llama_cpp.llama_model_default_params()
         self.n_gpu_layers = model_params.n_gpu_layers = gpu_layers(options)
-        if (options.exact or _buffers_left_out == "extra") and hasattr(model_params, "use_extra_bufts"):
+        if _buffers_left_out == "extra" and hasattr(model_params, "use_extra_bufts"):
             model_params.use_extra_bufts = False
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
         if not self._model:
@@ -219,10 +223,11 @@ class LlamaBackend:
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.n_past = 0
         self._piece_cache: dict[int, bytes] = {}
-        self.exact = options.exact  # then no verification may pass EXACT_MAX_BATCH tokens
+        self.exact = options.exact
+        self.exact_batch: int | None = None  # with exact kernels, the largest verification that keeps them
         if options.exact:
             try:
-                check_batch_invariance(self)
+                self.exact_batch = exact_batch(self)
             except SpecllmError:
                 self.close()
                 raise

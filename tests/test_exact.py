@@ -3,8 +3,9 @@ speculation gives plain decoding's text with no near tie left to flip.
 
 Without it a batched verification's logits differ from a single token's by up to ~0.8 on the
 default pair (tests/test_lossless_real.py tolerates the flips that causes). Three CPU kernels do
-it (`specllm.backend` says which); `exact` keeps verification away from each, and a model whose
-kernels still differ is refused at load rather than trusted. The default pair's tests run in
+it (`specllm.backend` says which); `exact` keeps verification away from each, in batches no larger
+than it finds at load to compute a token as it computes it alone, and refuses a model where even a
+batch of 2 does not. The default pair's tests run in
 processes of their own, as a user's would: a process's kernels are chosen at its first product.
 """
 
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 import specllm.backend as backend
-from specllm.backend import EXACT_MAX_BATCH, LlamaBackend, LoadOptions, check_batch_invariance, gpu_layers
+from specllm.backend import EXACT_MAX_BATCH, LlamaBackend, LoadOptions, exact_batch, gpu_layers
 from specllm.errors import SpecllmError
 from tests.cli_helpers import ROOT, assert_one_error, specllm_here
 from tests.fakes import FakeBackend
@@ -32,31 +33,41 @@ X86_BUILD = platform.machine().lower() in ("x86_64", "amd64")
 
 
 class BatchNoise(FakeBackend):
-    """A fake whose batched rows carry a little rounding noise, as llama.cpp's batched kernels do."""
+    """A fake whose batches of `from_size` tokens or more carry a little rounding noise, as some of
+    llama.cpp's batched kernels do."""
 
     path = "noisy.gguf"
 
+    def __init__(self, from_size: int, **kwargs):
+        super().__init__(**kwargs)
+        self.from_size = from_size
+
     def evaluate(self, tokens, rows, copy=True):
         out = super().evaluate(tokens, rows, copy)
-        return out + np.float32(1e-3) if len(tokens) > 1 else out
+        return out + np.float32(1e-3) if len(tokens) >= self.from_size else out
 
 
-def test_a_model_whose_batched_rows_differ_is_refused_in_one_line():
+def test_the_largest_exact_batch_is_the_last_before_a_kernel_changes():
+    """A repacked layout's kernel from 4 rows on: batches of up to 3; none: up to EXACT_MAX_BATCH,
+    below the tiled kernel's 8. Each size is tried once, the token alone first; no KV is left."""
+    model = BatchNoise(from_size=4, n_vocab=16)
+    assert exact_batch(model) == 3 and model.n_past == 0 and model.evaluations == [1, 2, 3, 4]
+    clean = FakeBackend(n_vocab=16)
+    assert exact_batch(clean) == EXACT_MAX_BATCH and clean.evaluations == [1, *range(2, EXACT_MAX_BATCH + 1)]
+
+
+def test_a_model_whose_batches_of_two_differ_is_refused_in_one_line():
     with pytest.raises(SpecllmError) as caught:
-        check_batch_invariance(BatchNoise(n_vocab=16))
+        exact_batch(BatchNoise(from_size=2, n_vocab=16))
     message = str(caught.value)
-    assert "noisy.gguf" in message and "exact kernels are not available here" in message and "\n" not in message
+    assert "noisy.gguf" in message and "exact kernels are not available here" in message and "batch of 2" in message
+    assert "\n" not in message
 
 
-def test_a_model_whose_batched_rows_agree_passes_and_keeps_no_kv():
-    model = FakeBackend(n_vocab=16)
-    check_batch_invariance(model)
-    assert model.n_past == 0 and model.evaluations == [1, 2, EXACT_MAX_BATCH]
-
-
-def test_exact_loads_take_the_cpu_and_leave_out_the_batch_kernels(tiny_pair, monkeypatch):
-    """No extra buffer types (repacked layouts), flash attention's per-row kernel, V cached in
-    another type than K; and the target on the CPU whatever was asked."""
+def test_exact_loads_take_the_cpu_and_keep_one_tokens_attention_unsplit(tiny_pair, monkeypatch):
+    """Flash attention's per-row kernel, V cached in another type than K, the target on the CPU
+    whatever was asked; the weight layouts as without exact kernels (the batch limit found at load
+    keeps verification within the sizes their kernels compute as one token)."""
     import llama_cpp
 
     seen = {}
@@ -72,11 +83,12 @@ def test_exact_loads_take_the_cpu_and_leave_out_the_batch_kernels(tiny_pair, mon
 
     monkeypatch.setattr(llama_cpp, "llama_model_load_from_file", spy_load)
     monkeypatch.setattr(llama_cpp, "llama_init_from_model", spy_init)
-    monkeypatch.setattr(backend, "check_batch_invariance", lambda model: None)  # tiny models are F32: see below
+    monkeypatch.setattr(backend, "exact_batch", lambda model: 5)  # tiny models are F32: see below
     options = LoadOptions(n_ctx=256, n_threads=1, n_gpu_layers=7, exact=True)
     model = LlamaBackend(tiny_pair[0], options)
     model.close()
-    assert gpu_layers(options) == 0 and seen["ngl"] == 0 and seen["extra"] is False
+    assert model.exact_batch == 5
+    assert gpu_layers(options) == 0 and seen["ngl"] == 0 and seen["extra"] is (backend.buffers_left_out() != "extra")
     assert seen["flash"] == 1 and seen["k"] != seen["v"]
 
 
@@ -90,7 +102,7 @@ def test_an_exact_model_is_exact_or_refused(tiny_pair):
         assert "exact kernels are not available here" in str(refused)
         return
     assert not (X86_BUILD and "LLAMAFILE = 1" in backend.system_info()), "llamafile's F32 kernel took no batch"
-    tokens = model.tokenize("The quick brown fox jumps over the lazy dog")[:EXACT_MAX_BATCH]
+    tokens = model.tokenize("The quick brown fox jumps over the lazy dog")[: model.exact_batch]
     alone = np.vstack([np.array(model.evaluate([t], [0])) for t in tokens])
     model.rewind(0)
     together = np.array(model.evaluate(tokens, list(range(len(tokens)))))
@@ -108,7 +120,7 @@ def test_exact_with_gpu_layers_is_a_usage_error(home):
 EXACT_SCRIPT = """
 import json, sys
 import numpy as np
-from specllm.backend import EXACT_MAX_BATCH, LoadOptions
+from specllm.backend import LoadOptions
 from specllm.engine.costmodel import CostModel
 from specllm.engine.decode import StepDone
 from specllm.engine.sampling import SamplingParams
@@ -124,7 +136,13 @@ depth = 300  # past 256 cached tokens: where flash attention would split one tok
 model.evaluate(tokens[:depth], [])
 alone = np.vstack([np.array(model.evaluate([t], [0])) for t in tokens[depth : depth + 24]])
 splits = {}
-for sizes in ([7, 7, 7, 3], [4] * 6, [3, 5] * 3, [2] * 12, [6, 1, 7, 5, 2, 3]):
+cap = model.exact_batch  # 3 with repacked weights, 7 without
+def split(pattern, total=24):  # batches of the pattern's sizes, none above cap, 24 tokens in all
+    sizes = []
+    while sum(sizes) < total:
+        sizes.append(min(pattern[len(sizes) % len(pattern)], cap, total - sum(sizes)))
+    return sizes
+for sizes in (split([cap]), split([2]), split([6, 1, 7, 5, 2, 3])):
     model.rewind(depth)
     rows, at = [], depth
     for size in sizes:
@@ -142,7 +160,7 @@ for strategy in ("off", "ngram", "draft", "ngram+draft", "auto"):
     events = list(engine.decoder(strategy).generate(tokens, 64, SamplingParams(temperature=0.0), np.random.default_rng(0)))
     drafted = sum(e.drafted for e in events if isinstance(e, StepDone))
     texts[strategy] = {"tokens": events[-1].tokens, "drafted": drafted, "largest_verification": max(sizes[1:])}
-print(json.dumps({"prompt_tokens": len(tokens), "splits": splits, "texts": texts, "max": EXACT_MAX_BATCH}))
+print(json.dumps({"prompt_tokens": len(tokens), "splits": splits, "texts": texts, "max": cap}))
 """
 
 # A code edit of about 400 tokens: the n-gram cache drafts from it at once.
@@ -216,10 +234,10 @@ def _in_a_process(home, script: str, *args, timeout: float = 300) -> subprocess.
 
 
 def test_greedy_speculation_is_plain_decoding_bit_for_bit(qwen_pair, home, tmp_path):
-    """Past 256 cached tokens, every split of 24 tokens into batches of up to EXACT_MAX_BATCH gives
-    the logits of one token at a time, to the bit; every strategy gives `off`'s tokens, the
-    speculative ones drafting (the draft model with its own, faster kernels), none verifying more
-    than EXACT_MAX_BATCH tokens a pass."""
+    """Past 256 cached tokens, every split of 24 tokens into batches no larger than the limit found
+    at load (3 with repacked weights, up to EXACT_MAX_BATCH without) gives the logits of one token
+    at a time, to the bit; every strategy gives `off`'s tokens, the speculative ones drafting (the
+    draft model with its own kernels), none verifying more tokens a pass than that limit."""
     prompt = tmp_path / "edit.txt"
     prompt.write_text(EDIT)
     done = _in_a_process(home, EXACT_SCRIPT, *qwen_pair, prompt, ROOT / "tests/data/xeon-amx-2core-exact-2026-12-05.json")
@@ -233,7 +251,7 @@ def test_greedy_speculation_is_plain_decoding_bit_for_bit(qwen_pair, home, tmp_p
     assert len(off["tokens"]) == 64 and off["largest_verification"] == 1
     for strategy in ("ngram", "draft", "ngram+draft", "auto"):
         run = result["texts"][strategy]
-        assert run["drafted"] > 0 and 1 < run["largest_verification"] <= EXACT_MAX_BATCH == result["max"]
+        assert run["drafted"] > 0 and 1 < run["largest_verification"] <= result["max"] <= EXACT_MAX_BATCH
         assert run["tokens"] == off["tokens"], strategy
 
 
@@ -248,20 +266,26 @@ depth = 300
 model.evaluate(tokens[:depth], [])
 alone = np.vstack([np.array(model.evaluate([t], [0])) for t in tokens[depth : depth + 24]])
 gaps = {}
-for sizes in ([7, 7, 7, 3], [2] * 12, [6, 1, 7, 5, 2, 3]):
+cap = model.exact_batch
+def split(pattern, total=24):  # batches of the pattern's sizes, none above cap, 24 tokens in all
+    sizes = []
+    while sum(sizes) < total:
+        sizes.append(min(pattern[len(sizes) % len(pattern)], cap, total - sum(sizes)))
+    return sizes
+for sizes in (split([cap]), split([2]), split([6, 1, 7, 5, 2, 3])):
     model.rewind(depth)
     rows, at = [], depth
     for size in sizes:
         rows.append(np.array(model.evaluate(tokens[at : at + size], list(range(size)))))
         at += size
     gaps[str(sizes)] = float(np.max(np.abs(np.vstack(rows) - alone)))
-print(json.dumps(gaps))
+print(json.dumps({"gaps": gaps, "cap": cap}))
 """
 
 
 def test_other_quantizations_and_architectures_are_exact_too(qwen_pair, smollm2_path, home, tmp_path):
     """The default pair's draft (Q5_0, Q8_0, Q6_K and Q4_K weights) and SmolLM2 (a Llama, Q4_1):
-    batches of up to EXACT_MAX_BATCH give single tokens' logits to the bit past 256 cached tokens.
+    batches up to the limit found at load give single tokens' logits to the bit past 256 cached tokens.
     (Only F32 weights were refused here: llamafile's F32 kernel takes their batches.)"""
     prompt = tmp_path / "edit.txt"
     prompt.write_text(EDIT)
@@ -270,5 +294,5 @@ def test_other_quantizations_and_architectures_are_exact_too(qwen_pair, smollm2_
         if done.returncode and not X86_BUILD and "exact kernels are not available here" in done.stderr:
             continue
         assert done.returncode == 0, done.stderr[-3000:]
-        gaps = json.loads(done.stdout)
-        assert gaps == {split: 0.0 for split in gaps}, path.name
+        result = json.loads(done.stdout)
+        assert 2 <= result["cap"] <= EXACT_MAX_BATCH and result["gaps"] == {split: 0.0 for split in result["gaps"]}, path.name

@@ -233,6 +233,7 @@ def _report(engine, settings, costs, learned, rows, runs, workload, partial, pro
             "gpu_layers": {"target": engine.target.n_gpu_layers, "draft": engine.draft.n_gpu_layers if engine.draft else None},
             "llama_cpp": system_info(),
             "exact_kernels": engine.target.exact,
+            "exact_batch": engine.target.exact_batch,  # the largest verification exact kernels allow
         },
         "models": {
             role: {"path": str(info.path), "bytes": info.size, "architecture": info.architecture}
