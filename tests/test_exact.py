@@ -117,21 +117,9 @@ def test_exact_with_gpu_layers_is_a_usage_error(home):
 
 # -- the default pair, in processes of their own -------------------------------------------------
 
-EXACT_SCRIPT = """
-import json, sys
-import numpy as np
-from specllm.backend import LoadOptions
-from specllm.engine.costmodel import CostModel
-from specllm.engine.decode import StepDone
-from specllm.engine.sampling import SamplingParams
-from specllm.session import Engine, ModelPaths, SpecConfig
-
-target, draft, prompt_file, curve = sys.argv[1:5]
-options = LoadOptions(n_ctx=1024, n_threads=2, exact=True)
-engine = Engine(ModelPaths(target, draft), SpecConfig("ngram+draft", draft_max=16), options, LoadOptions(n_threads=2), None)
-engine.costs = lambda max_batch=None: CostModel.from_dict(json.load(open(curve))["calibrated"])  # this project's Xeon, measured exact
-model = engine.target
-tokens = engine.encode(open(prompt_file).read())
+# Past 256 cached tokens, 24 tokens one at a time against the same 24 split three ways into batches of
+# at most `cap` (the model's exact_batch): `splits` maps each split to its largest logit difference.
+SPLITS = """
 depth = 300  # past 256 cached tokens: where flash attention would split one token's cache among threads
 model.evaluate(tokens[:depth], [])
 alone = np.vstack([np.array(model.evaluate([t], [0])) for t in tokens[depth : depth + 24]])
@@ -149,7 +137,24 @@ for sizes in (split([cap]), split([2]), split([6, 1, 7, 5, 2, 3])):
         rows.append(np.array(model.evaluate(tokens[at : at + size], list(range(size)))))
         at += size
     splits[str(sizes)] = float(np.max(np.abs(np.vstack(rows) - alone)))
-sizes, evaluate = [], model.evaluate
+"""
+
+EXACT_SCRIPT = """
+import json, sys
+import numpy as np
+from specllm.backend import LoadOptions
+from specllm.engine.costmodel import CostModel
+from specllm.engine.decode import StepDone
+from specllm.engine.sampling import SamplingParams
+from specllm.session import Engine, ModelPaths, SpecConfig
+
+target, draft, prompt_file, curve = sys.argv[1:5]
+options = LoadOptions(n_ctx=1024, n_threads=2, exact=True)
+engine = Engine(ModelPaths(target, draft), SpecConfig("ngram+draft", draft_max=16), options, LoadOptions(n_threads=2), None)
+engine.costs = lambda max_batch=None: CostModel.from_dict(json.load(open(curve))["calibrated"])  # this project's Xeon, measured exact
+model = engine.target
+tokens = engine.encode(open(prompt_file).read())
+""" + SPLITS + """sizes, evaluate = [], model.evaluate
 def counted(batch, rows, copy=True):
     sizes.append(len(batch))
     return evaluate(batch, rows, copy)
@@ -262,24 +267,8 @@ from specllm.backend import LlamaBackend, LoadOptions
 
 model = LlamaBackend(sys.argv[1], LoadOptions(n_ctx=1024, n_threads=2, exact=True))
 tokens = model.tokenize(open(sys.argv[2]).read())
-depth = 300
-model.evaluate(tokens[:depth], [])
-alone = np.vstack([np.array(model.evaluate([t], [0])) for t in tokens[depth : depth + 24]])
-gaps = {}
-cap = model.exact_batch
-def split(pattern, total=24):  # batches of the pattern's sizes, none above cap, 24 tokens in all
-    sizes = []
-    while sum(sizes) < total:
-        sizes.append(min(pattern[len(sizes) % len(pattern)], cap, total - sum(sizes)))
-    return sizes
-for sizes in (split([cap]), split([2]), split([6, 1, 7, 5, 2, 3])):
-    model.rewind(depth)
-    rows, at = [], depth
-    for size in sizes:
-        rows.append(np.array(model.evaluate(tokens[at : at + size], list(range(size)))))
-        at += size
-    gaps[str(sizes)] = float(np.max(np.abs(np.vstack(rows) - alone)))
-print(json.dumps({"gaps": gaps, "cap": cap}))
+""" + SPLITS + """
+print(json.dumps({"gaps": splits, "cap": cap}))
 """
 
 
