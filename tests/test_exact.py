@@ -5,8 +5,7 @@ Without it a batched verification's logits differ from a single token's by up to
 default pair (tests/test_lossless_real.py tolerates the flips that causes). Three CPU kernels do
 it (`specllm.backend` says which); `exact` keeps verification away from each, in batches no larger
 than it finds at load to compute a token as it computes it alone, and refuses a model where even a
-batch of 2 does not. The default pair's tests run in
-processes of their own, as a user's would: a process's kernels are chosen at its first product.
+batch of 2 does not. The default pair's tests run in processes of their own, as a user's would.
 """
 
 from __future__ import annotations
