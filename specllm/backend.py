@@ -223,7 +223,6 @@ class LlamaBackend:
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.n_past = 0
         self._piece_cache: dict[int, bytes] = {}
-        self.exact = options.exact
         self.exact_batch: int | None = None  # with exact kernels, the largest verification that keeps them
         if options.exact:
             try:
@@ -231,6 +230,11 @@ class LlamaBackend:
             except SpecllmError:
                 self.close()
                 raise
+
+    @property
+    def exact(self) -> bool:
+        """Loaded with exact kernels (`LoadOptions.exact`)."""
+        return self.exact_batch is not None
 
     # -- tokens -------------------------------------------------------------------------
 

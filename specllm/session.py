@@ -96,7 +96,7 @@ class Engine:
         self._learned_key = ""  # the cache entry it was taken from (and goes back to)
         self.target = LlamaBackend(paths.target, target_options)
         # the largest verification: with exact kernels, the largest whose rows equal single tokens'
-        self.max_batch = min(AUTO_MAX_BATCH, getattr(self.target, "exact_batch", None) or AUTO_MAX_BATCH)
+        self.max_batch = min(AUTO_MAX_BATCH, self.target.exact_batch or AUTO_MAX_BATCH)
         self.draft: DeferredBackend | None = None
         if draft_info is not None:
             # `auto` loads the draft model when it first consults it, and on most CPUs that is never
@@ -160,7 +160,7 @@ class Engine:
         parts = [self.target_info, self.draft_info]
         files = [f"{info.path.name}:{info.size}:{info.path.stat().st_mtime_ns}" for info in parts if info is not None]
         largest = batch_sizes(max_batch, self.target.n_ctx)[-1]  # a small context times fewer sizes
-        kernels = [f"exact kernels to {self.max_batch}"] if getattr(self.target, "exact", False) else []  # a curve of their own
+        kernels = ["exact kernels"] if self.target.exact else []  # their own KV types and batch limit: a curve of their own
         return "|".join(files + [f"threads={self.target.n_threads}", f"ngl={self.target.n_gpu_layers}", f"max={largest}", CALIBRATION_METHOD, system_info()] + kernels)
 
     def decoder(self, strategy: str | None = None) -> Decoder:
