@@ -25,8 +25,9 @@ from specllm.errors import SpecllmError
 from tests.cli_helpers import ROOT, assert_one_error, specllm_here
 from tests.fakes import FakeBackend
 
-# On x86-64 builds (AVX2 or AVX-512, as the README's CPU users have) what the kernels do is known:
-# the quantized models load with exact kernels, F32 ones are refused (llamafile's kernel).
+# On x86-64 builds (AVX2 or AVX-512, as the README's CPU users have; this file passes on both) what
+# the kernels do is known: the quantized models load with exact kernels, F32 ones are refused
+# (llamafile's kernel).
 # Elsewhere (an ARM CPU's int8 matrix kernels take two rows at a time) a load may be refused, never wrong.
 X86_BUILD = platform.machine().lower() in ("x86_64", "amd64")
 
