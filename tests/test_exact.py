@@ -115,6 +115,22 @@ def test_exact_with_gpu_layers_is_a_usage_error(home):
     assert_one_error(done, 2, "--exact runs the target on the CPU")
 
 
+@pytest.mark.skipif(not X86_BUILD or "LLAMAFILE = 1" not in backend.system_info(), reason="the tiny F32 model is refused where llamafile's kernel takes its batches")
+@pytest.mark.parametrize("command", ["run", "chat", "serve", "bench"])
+def test_every_command_loads_its_target_with_exact_kernels(command, tiny_pair, home, tmp_path):
+    """`--exact` reaches the load on each command: the tiny F32 target, which no exact kernel
+    computes, is refused in one line before anything is generated or served."""
+    args = {
+        "run": ["-p", "hi", "--spec", "off"],
+        "chat": ["--spec", "off"],
+        "serve": ["--port", "0", "--spec", "off"],
+        "bench": ["--prompts", str(tmp_path / "prompts.jsonl"), "--strategies", "off", "-c", "1024"],
+    }[command]
+    (tmp_path / "prompts.jsonl").write_text('{"question_id": 1, "category": "qa", "turns": ["hi"]}\n')
+    done = specllm_here(home, command, "-m", str(tiny_pair[0]), "--exact", *args, stdin=b"hi\n", timeout=60)
+    assert_one_error(done, 1, "tiny-target.gguf", "exact kernels are not available here")
+
+
 # -- the default pair, in processes of their own -------------------------------------------------
 
 # Past 256 cached tokens, 24 tokens one at a time against the same 24 split three ways into batches of
