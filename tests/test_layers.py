@@ -144,6 +144,20 @@ def test_every_command_in_the_readme_is_in_the_help():
     assert commands <= listed, f"in the README but not in `specllm --help`: {sorted(commands - listed)}"
 
 
+def test_version_names_specllm_and_the_llama_cpp_python_it_runs_on():
+    """`specllm --version`: the version pyproject.toml declares and llama-cpp-python's (its llama.cpp
+    chooses the kernels, so a report of a speed or a text needs both)."""
+    from importlib import metadata
+
+    import specllm
+
+    declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text("utf-8"), flags=re.M).group(1)
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"specllm {declared} (llama-cpp-python {metadata.version('llama-cpp-python')})\n"
+    assert specllm.__version__ == declared
+
+
 def test_ci_runs_the_readme_test_command():
     """The quick start's test command is what `.ci/run` runs, in the same order."""
     readme = (ROOT / "README.md").read_text("utf-8")

@@ -1,6 +1,9 @@
 """The Typer application every command module registers on (kept apart so that commands import it
 without importing the package that imports them)."""
 
+from importlib import metadata
+from typing import Annotated
+
 import typer
 
 app = typer.Typer(
@@ -10,3 +13,28 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def version_line() -> str:
+    """specllm's version and the llama-cpp-python it runs on (whose llama.cpp decides the kernels), as installed."""
+
+    def installed(package: str) -> str:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return f"specllm {installed('specllm')} (llama-cpp-python {installed('llama-cpp-python')})"
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        print(version_line())
+        raise typer.Exit()
+
+
+@app.callback()
+def options(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit.")] = False,
+) -> None:
+    """Lossless speculative decoding for local GGUF models."""
