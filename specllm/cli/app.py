@@ -34,7 +34,7 @@ def _print_version(asked: bool) -> None:
 
 
 @app.callback()
-def options(
+def before_any_command(
     version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit.")] = False,
 ) -> None:
-    """Lossless speculative decoding for local GGUF models."""
+    """The options that come before a command (the help text is the app's)."""
