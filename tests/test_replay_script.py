@@ -187,6 +187,20 @@ def test_on_prompts_of_thousands_of_tokens_the_promise_holds(long_prompts, curve
     assert figures["code_edit"]["plain"] / figures["code_edit"]["auto"] >= 1.3
 
 
+@pytest.fixture(scope="module")
+def long_answers() -> _Replays:
+    return _Replays("long-answers-streams.json")
+
+
+@pytest.mark.parametrize("curve", CURVES)
+def test_on_long_documents_recorded_after_the_constants_were_set_the_promise_holds(long_answers, curve):
+    """Four more prompts of 1,500-3,300 tokens (`long-answers-prompts.jsonl`: two sections of the
+    language reference to summarise, two to answer a question from; -n 256), recorded after every
+    constant in `specllm.engine.priors` was set: every category at least 0.97x plain."""
+    figures = long_answers[curve]
+    assert not _below_the_promise(figures), _below_the_promise(figures)
+
+
 @pytest.mark.parametrize("curve", CURVES)
 def test_auto_is_never_slower_than_plain_decoding_in_any_category(replayed, curve):
     """The promise, on the virtual clock (no timing noise): every category at least 0.97x plain."""
