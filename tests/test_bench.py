@@ -82,6 +82,7 @@ def test_parted_texts_are_near_ties_without_exact_kernels_and_a_bug_with_them():
     p0, p1 = PROMPTS[0], PROMPTS[2]
     same = [_run(p0, "off", [1] * 4, 1.0), _run(p0, "ngram", [1] * 4, 0.5), _run(p1, "off", [2] * 4, 1.0), _run(p1, "ngram", [2] * 4, 0.5)]
     assert _parting_line(same, exact=True) == "exact kernels: all 2 texts equal off's, token for token"
+    assert _parting_line(same, exact=False) is None  # nothing to say
     parted = same[:3] + [_run(p1, "ngram", [2, 3, 2, 2], 0.5)]
     assert "yet 1 of 2 texts part from off's: a bug" in _parting_line(parted, exact=True)
     assert _parting_line(parted, exact=False).startswith("1 of 2 texts part from off's: ") and "--exact rules that out" in _parting_line(parted, exact=False)

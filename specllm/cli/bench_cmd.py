@@ -79,8 +79,9 @@ def bench(
     if report["undrafted_pass_ratio"] is not None:
         out.print(_noise_line(report["undrafted_pass_ratio"]))
     out.print(_curve_line(costs))
-    if params.greedy and (engine.target.exact or parting_points(runs)):
-        out.print(_parting_line(runs, engine.target.exact))
+    parting = _parting_line(runs, engine.target.exact) if params.greedy else None
+    if parting:
+        out.print(parting)
     if learned is not costs:
         out.print(_learned_line(costs, learned, engine.learned_before))
     if json_file is not None:
@@ -208,12 +209,14 @@ def _learned_line(calibrated, learned, earlier: int = 0, moved: float = 0.05) ->
     return prefix + (", ".join(changes) if changes else f"no size moved by more than {moved:.0%}")
 
 
-def _parting_line(runs, exact: bool) -> str:
+def _parting_line(runs, exact: bool) -> str | None:
     """Greedy texts that part from off's: near ties flipped by llama.cpp's batch kernels, or, with
-    exact kernels, a bug."""
+    exact kernels, a bug (None: without exact kernels, no text parts)."""
     compared = sum(r.strategy != "off" for r in runs)
     parted = len(parting_points(runs))
     if not exact:
+        if not parted:
+            return None
         return (f"{parted} of {compared} texts part from off's: llama.cpp rounds a token in a batch differently "
                 "from one alone, which flips near ties; --exact rules that out (slower)")  # fmt: skip
     if not parted:
