@@ -21,3 +21,16 @@ def test_a_measured_curve_is_a_machine_file_the_replay_reads(tiny_pair, tmp_path
     costs = load_script("replay_policy").load_curve(str(tmp_path / "curve.json"), 32)
     assert sorted(costs.batch_seconds) == [1, 2, 3, 4] and costs.draft_seconds > 0
     assert all(costs.batch_seconds[1] <= costs.batch_seconds[k] <= k * costs.batch_seconds[1] for k in (2, 3, 4))
+
+
+def test_the_gpu_kit_says_how_it_is_used_and_stops_in_one_line_without_its_kit(tmp_path):
+    """`scripts/gpu_kit.sh` (run where a GPU is lent for minutes): its usage, and `measure` where the
+    kit did not travel: one line naming the missing file, exit 1, nothing written outside its folders."""
+    script = str(SCRIPTS / "gpu_kit.sh")
+    usage = subprocess.run(["bash", script], capture_output=True, text=True, timeout=30)
+    assert usage.returncode == 2 and "gpu_kit.sh measure" in usage.stderr
+    folders = {name: str(tmp_path / name.lower()) for name in ("KIT", "WORK", "OUT")}
+    done = subprocess.run(["bash", script, "measure"], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", **folders})
+    assert done.returncode == 1
+    assert done.stdout.strip().endswith(f"no {folders['KIT']}/site.tar.xz")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "work"]
