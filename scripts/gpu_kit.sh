@@ -24,8 +24,10 @@ build() {
     nvcc=$(command -v nvcc) || { echo "build: nvcc not found" >&2; exit 1; }
     cuda_version=$("$nvcc" --version | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p')
     mkdir -p "$WORK/cublas" "$WORK/stub" "$WORK/wheel"
-    python3 -m pip download -q --no-deps -d "$WORK/cublas" "nvidia-cublas==${cuda_version}.*"
-    (cd "$WORK/cublas" && python3 -m zipfile -e nvidia_cublas-*.whl .)
+    local package=nvidia-cublas  # CUDA 13's name; 12.x's carries its major version
+    [ "${cuda_version%%.*}" = 12 ] && package=nvidia-cublas-cu12
+    python3 -m pip download -q --no-deps -d "$WORK/cublas" "$package==${cuda_version}.*"
+    (cd "$WORK/cublas" && python3 -m zipfile -e nvidia_cublas*.whl .)
     local blas; blas=$(dirname "$(find "$WORK/cublas" -name 'libcublas.so.*' | head -1)")
     ln -sf "$blas/libcublas.so."* "$blas/libcublas.so"; ln -sf "$blas/libcublasLt.so."* "$blas/libcublasLt.so"
     # Link-time stand-in for libcuda.so.1: the names ggml-cuda calls in the driver API.
