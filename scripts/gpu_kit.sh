@@ -9,6 +9,10 @@
 #   bash scripts/gpu_kit.sh pack          # here: KIT/site.tar.xz (that build, gguf, diskcache), KIT/heads.tar.xz
 #   bash scripts/gpu_kit.sh measure       # there, from the repository root with KIT beside it: files in $OUT
 #
+# `measure` writes the curves of the default pair, a 32B-shaped and a 7B-shaped pair, what reading a
+# prompt with the draft model beside the target's decoding hides (`measure_overlap.py`), and two live
+# runs with the default pair's twins.
+#
 # `build` needs CUDA's nvcc here (the one the GPU machine's driver runs: 13.x for driver 580) but no
 # GPU and no cuBLAS: cuBLAS comes from its PyPI wheel, and the driver library is linked against a
 # stand-in (the GPU machine's own is loaded there). The CPU part is built for AVX2, which any x86-64
@@ -88,14 +92,19 @@ measure() {
             > "$OUT/$2.json" 2>> "$OUT/errors.txt"
         say "measured $2: exit $?"
     }
+    overlap() {  # TARGET PROMPT: the draft's prompt reading beside the target's decoding
+        echo "== $1, a prompt of $2 tokens" >> "$OUT/overlap.txt"
+        timeout 120 python3 scripts/measure_overlap.py $models/$1.gguf $models/q05.gguf --prompt $2 --rounds 5 \
+            >> "$OUT/overlap.txt" 2>> "$OUT/errors.txt"
+        say "overlap $1: exit $?"
+    }
     twin q05; twin q15
     curve q15 gpu-default-pair "twins of the default pair (Qwen2.5-Coder 1.5B target, 0.5B draft, Q4_K_M)"
     twin q32
     curve q32 gpu-32b-shaped-pair "a 32B-shaped twin target (Qwen2.5 32B shapes, Q4_K_M's types) with the 0.5B twin" 300
-    rm -f $models/q32.gguf
+    overlap q32 3300; overlap q15 2048
     twin q7
     curve q7 gpu-7b-shaped-pair "a 7B-shaped twin target (Qwen2.5 7B shapes, Q4_K_M's types) with the 0.5B twin"
-    curve q15 gpu-default-pair-2 "twins of the default pair, a second calibration"
     # The engine's own loop around those passes (twin weights: the text means nothing, its timing does).
     for spec in off auto; do
         timeout 120 python3 -m specllm run -m $models/q15.gguf --draft $models/q05.gguf --spec $spec -n 128 --temp 0 --json \
@@ -109,5 +118,5 @@ case ${1:-} in
     build) build "${2:-90}" ;;
     pack) pack ;;
     measure) measure ;;
-    *) sed -n '2,15p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,/^[^#]/{/^#/p}' "$0" >&2; exit 2 ;;
 esac

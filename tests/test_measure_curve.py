@@ -1,10 +1,14 @@
-"""scripts/measure_curve.py: a machine file from a real (tiny) pair, which the replay reads."""
+"""The scripts that measure a machine: measure_curve.py (a machine file from a real, tiny pair, which
+the replay reads), measure_overlap.py (the draft model reading a prompt beside the target's decoding)
+and gpu_kit.sh (both, where a GPU is lent for minutes)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+
+import pytest
 
 from tests.script_loader import SCRIPTS, load_script
 
@@ -34,3 +38,20 @@ def test_the_gpu_kit_says_how_it_is_used_and_stops_in_one_line_without_its_kit(t
     assert done.returncode == 1
     assert done.stdout.strip().endswith(f"no {folders['KIT']}/site.tar.xz")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "work"]
+
+
+def test_the_overlap_of_the_draft_models_reading_with_decoding_is_measured(tiny_pair):
+    """`scripts/measure_overlap.py` on a real (tiny) pair: single-token steps timed alone and while the
+    draft model reads a prompt in another thread, and what share of that reading they hid."""
+    command = [sys.executable, str(SCRIPTS / "measure_overlap.py"), *map(str, tiny_pair), "--prompt", "64", "--steps", "4",
+               "--rounds", "2", "--threads", "1", "--gpu-layers", "0"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["prompt"] == 64 and len(report["rounds"]) == 2 and report["gpu_layers"] == {"target": 0, "draft": 0}
+    for measured in report["rounds"]:
+        assert measured["step_alone"] > 0 and measured["reading_alone"] > 0 and measured["steps_during_reading"] >= 1
+        assert measured["both"] >= measured["reading_during_steps"]  # the reading ran inside the steps' window
+        # what the report says was hidden is what its own timings give
+        lost = measured["both"] - measured["steps_during_reading"] * measured["step_alone"]  # beyond those steps alone
+        assert measured["hidden"] == pytest.approx(1 - lost / measured["reading_alone"])
