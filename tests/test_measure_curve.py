@@ -5,6 +5,7 @@ and gpu_kit.sh (both, where a GPU is lent for minutes)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -27,6 +28,7 @@ def test_a_measured_curve_is_a_machine_file_the_replay_reads(tiny_pair, tmp_path
     assert all(costs.batch_seconds[1] <= costs.batch_seconds[k] <= k * costs.batch_seconds[1] for k in (2, 3, 4))
 
 
+@pytest.mark.skipif(shutil.which("bash") is None, reason="a bash script")
 def test_the_gpu_kit_says_how_it_is_used_and_stops_in_one_line_without_its_kit(tmp_path):
     """`scripts/gpu_kit.sh` (run where a GPU is lent for minutes): its usage, and `measure` where the
     kit did not travel: one line naming the missing file, exit 1, nothing written outside its folders."""
