@@ -76,19 +76,23 @@ measure() {
     OUT=${OUT:-$WORK/out}; mkdir -p "$OUT"
     local log=$OUT/times.txt site=$WORK/site heads=$WORK/heads models=$WORK/models t0=$SECONDS
     say() { echo "[$((SECONDS - t0))s] $*" | tee -a "$log"; }
-    [ -d $site/llama_cpp ] || { mkdir -p $site && tar -xJf "$KIT/site.tar.xz" -C $site; } || { say "no $KIT/site.tar.xz"; exit 1; }
-    mkdir -p $heads $models && tar -xJf "$KIT/heads.tar.xz" -C $heads || { say "no $KIT/heads.tar.xz"; exit 1; }
+    local part
+    for part in site heads; do
+        [ -f "$KIT/$part.tar.xz" ] || { echo "measure: no $KIT/$part.tar.xz (made by build and pack, on a machine with nvcc)" >&2; exit 1; }
+    done
+    [ -d $site/llama_cpp ] || { mkdir -p $site && tar -xJf "$KIT/site.tar.xz" -C $site; }
+    mkdir -p $heads $models && tar -xJf "$KIT/heads.tar.xz" -C $heads
     local blas; blas=$(find /usr/local /opt /usr/lib -name 'libcublas.so.1*' 2>/dev/null | head -1)
     export PYTHONPATH=$site:$PWD PYTHONUNBUFFERED=1 SPECLLM_CACHE=$WORK/cache HF_HUB_OFFLINE=1
     export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${blas:+$(dirname "$blas"):}${LD_LIBRARY_PATH:-}:$site/fallback
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$log" 2>&1 || true
     python3 -c "import llama_cpp, sys; sys.exit(0 if llama_cpp.llama_supports_gpu_offload() else 3)" >> "$log" 2>&1 \
         || { say "this build does not offload here"; ldd $site/llama_cpp/lib/libggml-cuda.so.0 >> "$log" 2>&1; exit 1; }
-    local gpu build="llama-cpp-python $(python3 -c 'import llama_cpp; print(llama_cpp.__version__)'), CUDA build, every layer offloaded"
+    local gpu stack="llama-cpp-python $(python3 -c 'import llama_cpp; print(llama_cpp.__version__)'), CUDA build, every layer offloaded"
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
     twin() { [ -f $models/$1.gguf ] || python3 scripts/gguf_twin.py expand $heads/$1 $models/$1.gguf >> "$log" 2>&1; say "twin $1 written"; }
     curve() {  # TARGET FILE WHAT [SECONDS]
-        timeout "${4:-240}" python3 scripts/measure_curve.py $models/$1.gguf $models/q05.gguf --machine "$gpu: $3; $build" \
+        timeout "${4:-240}" python3 scripts/measure_curve.py $models/$1.gguf $models/q05.gguf --machine "$gpu: $3; $stack" \
             > "$OUT/$2.json" 2>> "$OUT/errors.txt"
         say "measured $2: exit $?"
     }

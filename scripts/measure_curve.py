@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specllm.backend import LlamaBackend, LoadOptions, system_info  # noqa: E402
 from specllm.engine.costmodel import measure_costs  # noqa: E402
+from specllm.errors import SpecllmError  # noqa: E402
 
 
 def _loaded(path: Path, options: LoadOptions) -> tuple[LlamaBackend, float]:
@@ -42,8 +43,11 @@ def main() -> None:
     parser.add_argument("--exact", action="store_true", help="the target with batch-invariant kernels (specllm --exact; batches as large as keep them)")
     args = parser.parse_args()
     options = LoadOptions(n_ctx=args.ctx_size, n_threads=args.threads, n_gpu_layers=args.gpu_layers, exact=args.exact)
-    target, target_load = _loaded(args.target, options)
-    draft, draft_load = _loaded(args.draft, LoadOptions(n_ctx=target.n_ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers))
+    try:
+        target, target_load = _loaded(args.target, options)
+        draft, draft_load = _loaded(args.draft, LoadOptions(n_ctx=target.n_ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers))
+    except SpecllmError as error:
+        sys.exit(f"Error: {error}")
     started = time.perf_counter()
     largest = min(args.max_batch, target.exact_batch or args.max_batch)  # as the engine verifies
     costs = measure_costs(target, draft, max_batch=largest)

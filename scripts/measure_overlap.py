@@ -25,34 +25,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specllm.backend import LlamaBackend, LoadOptions, system_info  # noqa: E402
+from specllm.engine.costmodel import filler_tokens, time_batch  # noqa: E402
+from specllm.errors import SpecllmError  # noqa: E402
 
 DEPTH = 256  # tokens in the target's cache while it decodes, as the calibration's
 
 
-def _filler(backend: LlamaBackend, n: int) -> list[int]:
-    tokens = backend.tokenize("def f(x):\n    return x * 2\n" * 16)
-    return (tokens * (n // len(tokens) + 1))[:n]
-
-
-def _step(target: LlamaBackend, token: int) -> float:
-    """One single-token target pass after the filler, its row read; the cache kept at DEPTH."""
-    started = time.perf_counter()
-    target.evaluate([token], [0], copy=False)
-    elapsed = time.perf_counter() - started
-    target.rewind(DEPTH)
-    return elapsed
+def _step(target: LlamaBackend, filler: list[int], token: int) -> float:
+    """One single-token target pass after the filler, its row read."""
+    return time_batch(target, filler, [token], rows=[0])
 
 
 def _read(draft: LlamaBackend, prompt: list[int]) -> float:
     """The draft model reading the prompt from an empty cache, its last row only (as a catch-up)."""
-    draft.rewind(0)
-    started = time.perf_counter()
-    draft.evaluate(prompt, [len(prompt) - 1], copy=False)
-    return time.perf_counter() - started
+    return time_batch(draft, [], prompt, rows=[len(prompt) - 1])
 
 
-def measure_round(target: LlamaBackend, draft: LlamaBackend, prompt: list[int], token: int, steps: int) -> dict:
-    alone = statistics.median(_step(target, token) for _ in range(steps))
+def measure_round(target: LlamaBackend, draft: LlamaBackend, prompt: list[int], filler: list[int], token: int, steps: int) -> dict:
+    alone = statistics.median(_step(target, filler, token) for _ in range(steps))
     reading = _read(draft, prompt)
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(seconds=_read(draft, prompt)))
@@ -60,7 +50,7 @@ def measure_round(target: LlamaBackend, draft: LlamaBackend, prompt: list[int], 
     started = time.perf_counter()
     thread.start()
     while thread.is_alive() or not overlapped:  # at least one step inside the reading
-        overlapped.append(_step(target, token))
+        overlapped.append(_step(target, filler, token))
     thread.join()
     both = time.perf_counter() - started
     lost = both - len(overlapped) * alone  # beyond what those steps cost alone
@@ -86,14 +76,17 @@ def main() -> None:
     parser.add_argument("--gpu-layers", type=int, default=-1, help="-1: every layer where the build can offload")
     args = parser.parse_args()
     n_ctx = max(args.prompt, DEPTH) + 64
-    target = LlamaBackend(args.target, LoadOptions(n_ctx=n_ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers))
-    draft = LlamaBackend(args.draft, LoadOptions(n_ctx=n_ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers))
-    filler = _filler(target, DEPTH + 1)
-    target.evaluate(filler[:DEPTH], [])
-    prompt = _filler(draft, args.prompt)
+    try:
+        target = LlamaBackend(args.target, LoadOptions(n_ctx=n_ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers))
+        draft = LlamaBackend(args.draft, LoadOptions(n_ctx=n_ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers))
+    except SpecllmError as error:
+        sys.exit(f"Error: {error}")
+    filler = filler_tokens(target, DEPTH + 1)
+    filler, token = filler[:DEPTH], filler[DEPTH]
+    prompt = filler_tokens(draft, args.prompt)
     _read(draft, prompt)  # llama.cpp sizes its buffers on first use
-    _step(target, filler[DEPTH])
-    rounds = [measure_round(target, draft, prompt, filler[DEPTH], args.steps) for _ in range(args.rounds)]
+    _step(target, filler, token)
+    rounds = [measure_round(target, draft, prompt, filler, token, args.steps) for _ in range(args.rounds)]
     report = {name: round(statistics.median(r[name] for r in rounds), 6) for name in rounds[0]}
     report |= {
         "prompt": args.prompt,

@@ -31,15 +31,15 @@ def test_a_measured_curve_is_a_machine_file_the_replay_reads(tiny_pair, tmp_path
 @pytest.mark.skipif(shutil.which("bash") is None, reason="a bash script")
 def test_the_gpu_kit_says_how_it_is_used_and_stops_in_one_line_without_its_kit(tmp_path):
     """`scripts/gpu_kit.sh` (run where a GPU is lent for minutes): its usage, and `measure` where the
-    kit did not travel: one line naming the missing file, exit 1, nothing written outside its folders."""
+    kit did not travel: one line on stderr naming the missing file, exit 1, nothing written."""
     script = str(SCRIPTS / "gpu_kit.sh")
     usage = subprocess.run(["bash", script], capture_output=True, text=True, timeout=30)
     assert usage.returncode == 2 and "gpu_kit.sh measure" in usage.stderr
     folders = {name: str(tmp_path / name.lower()) for name in ("KIT", "WORK", "OUT")}
     done = subprocess.run(["bash", script, "measure"], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", **folders})
-    assert done.returncode == 1
-    assert done.stdout.strip().endswith(f"no {folders['KIT']}/site.tar.xz")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "work"]
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.splitlines() == [f"measure: no {folders['KIT']}/site.tar.xz (made by build and pack, on a machine with nvcc)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 def test_the_overlap_of_the_draft_models_reading_with_decoding_is_measured(tiny_pair):
@@ -57,3 +57,12 @@ def test_the_overlap_of_the_draft_models_reading_with_decoding_is_measured(tiny_
         # what the report says was hidden is what its own timings give
         lost = measured["both"] - measured["steps_during_reading"] * measured["step_alone"]  # beyond those steps alone
         assert measured["hidden"] == pytest.approx(1 - lost / measured["reading_alone"])
+
+
+@pytest.mark.parametrize("script", ["measure_curve.py", "measure_overlap.py"])
+def test_a_model_that_does_not_load_is_one_line_and_exit_1(script, tiny_pair, tmp_path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a model")
+    done = subprocess.run([sys.executable, str(SCRIPTS / script), str(broken), str(tiny_pair[1])], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.splitlines() == [f"Error: {broken}: llama.cpp could not load it (unsupported architecture or damaged file)"]

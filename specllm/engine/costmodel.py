@@ -224,11 +224,11 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
     (`CostModel.verify(k, context)`); the target needs `snapshot` and `restore` for that.
     """
     sizes = batch_sizes(max_batch, target.n_ctx)
-    filler = _filler_tokens(target, min(context, target.n_ctx - max(sizes)))
-    batch = _filler_tokens(target, max(sizes))
-    _time_batch(target, filler, batch)
+    filler = filler_tokens(target, min(context, target.n_ctx - max(sizes)))
+    batch = filler_tokens(target, max(sizes))
+    time_batch(target, filler, batch)
     if draft is not None:
-        _time_batch(draft, filler, batch[:1])
+        time_batch(draft, filler, batch[:1])
     rounds = max(repeats, 1)
     ones: list[float] = []
     ratios: dict[int, list[float]] = {k: [] for k in sizes[1:]}
@@ -236,17 +236,17 @@ def measure_costs(target, draft=None, max_batch: int = 16, context: int = CALIBR
     draft_batch_timings: list[float] = []  # the draft model reading the whole batch as a catch-up: its rate
     for _ in range(rounds):
         for k in sizes[1:]:
-            one = _time_batch(target, filler, batch[:1])
+            one = time_batch(target, filler, batch[:1])
             ones.append(one)
-            ratios[k].append(_time_batch(target, filler, batch[:k]) / one)
+            ratios[k].append(time_batch(target, filler, batch[:k]) / one)
         if draft is not None:
             # As drafting runs them: a step reads its row (confidence, token); a catch-up asks for its
             # last row only (every row's logits made the 0.5B's batch of 32 cost 27% more on a 2-core EPYC).
-            draft_timings += [_time_batch(draft, filler, batch[:1], read=read_greedy_row) for _ in range(max(1, SMALL_BATCH_REPEATS // rounds))]
-            draft_batch_timings.append(_time_batch(draft, filler, batch, rows=[len(batch) - 1], read=read_greedy_row))
+            draft_timings += [time_batch(draft, filler, batch[:1], read=read_greedy_row) for _ in range(max(1, SMALL_BATCH_REPEATS // rounds))]
+            draft_batch_timings.append(time_batch(draft, filler, batch, rows=[len(batch) - 1], read=read_greedy_row))
     _confirm_dips(target, filler, batch, ratios, ones)
     while len(ones) < SMALL_BATCH_REPEATS:  # a short curve: time one token enough on its own
-        ones.append(_time_batch(target, filler, batch[:1]))
+        ones.append(time_batch(target, filler, batch[:1]))
     one = float(np.median(ones))
     context_seconds = _context_slope(target, filler, batch)
     target.rewind(0)
@@ -271,9 +271,9 @@ def _confirm_dips(target, filler: list[int], batch: list[int], ratios: dict[int,
     suspects = sorted({j for k in dips for j in (k - 1, k, k + 1) if j in medians})
     for _ in range(DIP_ROUNDS):
         for k in suspects:
-            one = _time_batch(target, filler, batch[:1])
+            one = time_batch(target, filler, batch[:1])
             ones.append(one)
-            ratios[k].append(_time_batch(target, filler, batch[:k]) / one)
+            ratios[k].append(time_batch(target, filler, batch[:k]) / one)
 
 
 def timing_spread(timings: list[float]) -> float:
@@ -296,16 +296,16 @@ def _context_slope(target, filler: list[int], batch: list[int]) -> float:
     deep = min(DEEPER * depth, target.n_ctx - len(batch))  # a small context: as deep as it holds
     if depth == 0 or deep < 2 * depth:
         return 0.0
-    deep_filler = _filler_tokens(target, deep)
+    deep_filler = filler_tokens(target, deep)
     _hold(target, deep_filler)
     snapshot = target.snapshot()
     sizes = (1, len(batch))
     growth: dict[int, list[float]] = {k: [] for k in sizes}
     for _ in range(CONTEXT_ROUNDS):
         target.restore(snapshot)
-        deep_seconds = {k: _time_batch(target, deep_filler, batch[:k]) for k in sizes}
+        deep_seconds = {k: time_batch(target, deep_filler, batch[:k]) for k in sizes}
         for k in sizes:
-            growth[k].append(deep_seconds[k] - _time_batch(target, filler, batch[:k]))
+            growth[k].append(deep_seconds[k] - time_batch(target, filler, batch[:k]))
     medians = {k: float(np.median(g)) for k, g in growth.items()}
     # Least squares for growth_k = slope * k * (deep - depth) over the two sizes.
     slope = sum(k * g for k, g in medians.items()) / (sum(k * k for k in medians) * (deep - depth))
@@ -317,7 +317,8 @@ def batch_sizes(max_batch: int, n_ctx: int) -> list[int]:
     return list(range(1, min(max_batch, n_ctx) + 1))
 
 
-def _filler_tokens(backend, n: int) -> list[int]:
+def filler_tokens(backend, n: int) -> list[int]:
+    """n tokens of repeated code to fill a KV cache with (what they say does not change a pass's cost)."""
     tokens = backend.tokenize("def f(x):\n    return x * 2\n" * 16)
     return (tokens * (n // max(len(tokens), 1) + 1))[:n]
 
@@ -330,7 +331,7 @@ def _hold(backend, filler: list[int]) -> None:
             backend.evaluate(filler[backend.n_past :], [])
 
 
-def _time_batch(backend, filler: list[int], batch: list[int], rows: list[int] | None = None, read=None) -> float:
+def time_batch(backend, filler: list[int], batch: list[int], rows: list[int] | None = None, read=None) -> float:
     """Seconds for one pass over `batch` after `filler` (evaluated once and kept), with the logits of
     `rows` (default: every row, as verification asks) read in place, and `read` of the last of them."""
     _hold(backend, filler)
