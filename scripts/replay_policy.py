@@ -57,24 +57,47 @@ def record(args) -> None:
     if args.limit:
         prompts = prompts[: args.limit]
     out = Path(args.out)
-    streams = json.loads(out.read_text())["streams"] if out.exists() else []  # a stopped recording resumes
+    earlier = json.loads(out.read_text()) if out.exists() else {}  # a stopped recording resumes
+    streams, max_tokens = earlier.get("streams", []), earlier.get("max_tokens", args.n)
     done = {(s["id"], s["category"]) for s in streams}
+    for stream in streams:  # recorded before the target's confidence was kept
+        if "target_confidence" not in stream:
+            stream["target_confidence"] = record_target(engine.target, _sequence(stream, recording_eog=eog), len(stream["prompt"]))
     for prompt in prompts:
         if (prompt.id, prompt.category) in done:
             continue
         tokens = engine.encode(prompt.text)
         decoder = engine.decoder("off")
-        for event in decoder.generate(tokens, args.n, SamplingParams(temperature=0.0), np.random.default_rng(0)):
+        for event in decoder.generate(tokens, max_tokens, SamplingParams(temperature=0.0), np.random.default_rng(0)):
             if isinstance(event, Done):
                 ended = event.finish_reason == "stop"
                 stream = {"id": prompt.id, "category": prompt.category, "prompt": tokens, "tokens": event.tokens, "stopped": ended}
                 if ended:
                     stream["end"] = decoder.history[-1]  # the end-of-generation token the target chose
-                stream["draft"] = record_draft(draft, _sequence(stream, recording_eog=eog), len(tokens), engine.target.n_vocab)
+                sequence = _sequence(stream, recording_eog=eog)
+                stream["target_confidence"] = record_target(engine.target, sequence, len(tokens))
+                stream["draft"] = record_draft(draft, sequence, len(tokens), engine.target.n_vocab)
                 streams.append(stream)
                 print(f"{prompt.category:16} {prompt.id:>6} {len(event.tokens)} tokens", file=sys.stderr)
-        recording = {"eog": eog, "max_tokens": args.n, "sentence_ends": sentence_ends, "streams": streams}
-        out.write_text(json.dumps(recording))  # after every prompt
+        _save(out, eog, max_tokens, sentence_ends, streams)  # after every prompt
+    _save(out, eog, max_tokens, sentence_ends, streams)
+
+
+def _save(out: Path, eog: int, max_tokens: int, sentence_ends: list[int], streams: list[dict]) -> None:
+    out.write_text(json.dumps({"eog": eog, "max_tokens": max_tokens, "sentence_ends": sentence_ends, "streams": streams}))
+
+
+def record_target(target, sequence: list[int], prompt_length: int) -> list[float]:
+    """The target's top probability on each token after the prompt, the end token included (what
+    `--spec auto` reads of how sure the target is while the draft model is cold), from one batched
+    pass over the text."""
+    target.rewind(0)
+    start = prompt_length - 1
+    if start:
+        target.evaluate(sequence[:start], [])
+    rows = target.evaluate(sequence[start:-1], list(range(len(sequence) - 1 - start)))
+    target.rewind(0)
+    return [round(float(c), 4) for c in _top_probability(rows)]
 
 
 def record_draft(draft, sequence: list[int], prompt_length: int, n_vocab: int) -> dict:
@@ -145,11 +168,13 @@ def _one_hot_row(n_vocab: int, token: int, confidence: float) -> np.ndarray:
 
 
 class ReplayBackend:
-    """A target whose greedy choice after every position is the recorded text; passes cost virtual time."""
+    """A target whose greedy choice after every position is the recorded text, with the recorded top
+    probability on the generated tokens (where the recording has none, a one-hot row's: almost 0);
+    passes cost virtual time."""
 
-    def __init__(self, sequence: list[int], eog: int, n_vocab: int, costs, clock: Clock):
+    def __init__(self, sequence: list[int], eog: int, n_vocab: int, costs, clock: Clock, prompt_length: int = 0, confidence: list[float] = ()):
         self.sequence, self.eog, self.costs, self.clock = sequence, eog, costs, clock
-        self.n_vocab = n_vocab
+        self.n_vocab, self.prompt_length, self.confidence = n_vocab, prompt_length, confidence
         self.n_ctx = len(sequence) + 64
         self.n_past = 0
 
@@ -158,7 +183,12 @@ class ReplayBackend:
         out = np.zeros((len(rows), self.n_vocab), dtype=np.float32)
         for i, row in enumerate(rows):
             position = self.n_past + row + 1
-            out[i, self.sequence[position] if position < len(self.sequence) else self.eog] = 1.0
+            token = self.sequence[position] if position < len(self.sequence) else self.eog
+            generated = position - self.prompt_length
+            if 0 <= generated < len(self.confidence):
+                out[i] = _one_hot_row(self.n_vocab, token, self.confidence[generated])
+            else:
+                out[i, token] = 1.0
         self.n_past += len(tokens)
         return out
 
@@ -325,7 +355,7 @@ def _run_auto(stream, data, sequence, record, costs, draft_max, clock) -> float:
 
     n_vocab = _vocab(stream, data)
     eog = _end_token(stream, data["eog"])
-    target = ReplayBackend(sequence, eog, n_vocab, costs, clock)
+    target = ReplayBackend(sequence, eog, n_vocab, costs, clock, len(stream["prompt"]), stream.get("target_confidence", ()))
     model = ModelDrafter(ReplayDraftBackend(sequence, record, n_vocab, costs, clock, eog), 0.0, n_vocab) if record else None
     sentence_ends = frozenset(data.get("sentence_ends", ()))  # the target's tokens that end a sentence (none in old recordings)
     policy = CostAwarePolicy(costs.copy(), draft_max=draft_max, has_draft_model=model is not None, sentence_end=sentence_ends.__contains__)

@@ -9,7 +9,8 @@ from specllm.engine.costmodel import CostModel
 from specllm.engine.decode import Decoder, generate_plain
 from specllm.engine.drafters import ModelDrafter, NgramDrafter
 from specllm.engine.ngram import NgramProposal
-from specllm.engine.policy import ACTIVE, RETIRED, CostAwarePolicy
+from specllm.engine import auto, priors
+from specllm.engine.policy import ACTIVE, COLD, RETIRED, CostAwarePolicy
 from specllm.engine.sampling import SamplingParams
 from tests.fakes import FakeBackend
 
@@ -334,6 +335,96 @@ def test_a_few_unlucky_first_drafts_do_not_end_a_draft_model_that_may_pay():
     assert policy.draft_acceptance.mean < 0.35  # the mean alone would no longer consult it
     assert policy.plan(None, pending=1).source == "draft"
 
+
+
+# Shaped like tests/data/epyc-avx2-2core-7b-shaped-twin.json: a 7B target on 2 cores (a pass 0.21 s, a
+# batch of 4 at 2.5 passes), the draft model's step 0.12 of a pass, its reading of a token 0.04.
+SEVEN_B = CostModel({k: 0.208 * r for k, r in {1: 1.0, 2: 1.69, 3: 2.29, 4: 2.53, 8: 6.48, 16: 7.98, 32: 16.04}.items()},
+                    draft_seconds=0.026, draft_token_seconds=0.0085)  # fmt: skip
+
+
+def _plain_until_the_draft_model(policy, top: float, prompt_length=60, tokens=40) -> list[str]:
+    """Plain steps, the target's top probability `top` on each token, until the draft model is first
+    consulted: the draft model's standing before each step, then "draft" if it was consulted."""
+    states = []
+    for step in range(tokens):
+        policy.at_step(prompt_length - 1 + step, 128 - step)
+        states.append(policy.model_state)
+        if policy.plan(None, pending=prompt_length + step).source == "draft":
+            return [*states, "draft"]
+        policy.observe(None, 0, 0, SEVEN_B.verify(1), [])
+        if policy.wants_target_sureness:
+            policy.observe_target_sureness([top])
+    return states
+
+
+def test_a_target_sure_of_itself_brings_in_a_draft_model_its_prior_would_leave_out():
+    """On a 7B target's 2-core curve the draft model pays only near 0.8 acceptance: at its prior (0.6)
+    never. Where the target is sure of its tokens (a top probability of 0.9: math and code, where the
+    draft agrees 88-93% of the time) its prior is raised once SURE_TARGET_TOKENS show it, and it is
+    consulted; where the target is unsure (0.6: translation, questions) it is retired then, not before."""
+    n = priors.SURE_TARGET_TOKENS
+    sure = CostAwarePolicy(SEVEN_B.copy(), draft_max=31, has_draft_model=True)
+    _start(sure, prompt_length=60)
+    states = _plain_until_the_draft_model(sure, 0.9)
+    assert states == [COLD] * (n + 1) + ["draft"] and sure.sure_target
+    unsure = CostAwarePolicy(SEVEN_B.copy(), draft_max=31, has_draft_model=True)
+    _start(unsure, prompt_length=60)
+    states = _plain_until_the_draft_model(unsure, 0.6)
+    assert states[: n + 1] == [COLD] * (n + 1) and set(states[n + 1 :]) == {RETIRED} and not unsure.sure_target
+
+
+def test_a_draft_model_consulted_on_the_targets_word_survives_two_unlucky_drafts():
+    """Two drafts rejected at their first token cost 3 passes here, more than the exploration budget:
+    a draft model consulted to explore is retired, one consulted because the target was sure is not."""
+    def after_two_misses(top: float):
+        policy = CostAwarePolicy(SEVEN_B.copy(), draft_max=31, has_draft_model=True)
+        _start(policy, prompt_length=60)
+        if top:
+            _plain_until_the_draft_model(policy, top)
+        else:
+            policy.model_state = COLD  # consulted by exploration alone, as where its prior pays
+        policy.observe_model_use(80)
+        policy.observe("draft", 3, 3, SEVEN_B.catch_up(80) + 2 * SEVEN_B.draft_seconds + SEVEN_B.verify(4), [])  # its reading, then all accepted
+        for _ in range(2):
+            policy.at_step(100, 100)
+            policy.observe("draft", 3, 0, 3 * SEVEN_B.draft_seconds + SEVEN_B.verify(4), [])
+        policy.at_step(101, 99)
+        policy.plan(None, pending=1)
+        return policy.model_state
+
+    assert after_two_misses(0.9) == ACTIVE
+    assert after_two_misses(0.0) == RETIRED
+
+
+def test_a_prior_raised_by_a_sure_target_does_not_carry_into_the_next_generation():
+    """A chat's next turn starts from the draft model's own record, or from its prior where it has
+    none: not from how sure the target was in the last turn."""
+    policy = CostAwarePolicy(SEVEN_B.copy(), draft_max=31, has_draft_model=True)
+    _start(policy, prompt_length=60)
+    _plain_until_the_draft_model(policy, 0.95)
+    assert policy.draft_acceptance.mean == priors.SURE_TARGET_DRAFT_PRIOR
+    _start(policy, prompt_length=200)
+    assert policy.draft_acceptance.mean == priors.DRAFT_PRIOR and not policy.sure_target
+    policy.observe_model_use(200)
+    policy.observe("draft", 4, 4, 0.5, [])
+    learned = policy.draft_acceptance.mean
+    _start(policy, prompt_length=300)
+    assert policy.draft_acceptance.mean == learned
+
+
+def test_the_targets_sureness_is_read_only_while_it_can_change_a_decision(monkeypatch):
+    """The target's top probability costs a softmax over its vocabulary per committed token: read on
+    the first SURE_TARGET_TOKENS tokens while a draft model is cold, never without a draft model."""
+    reads = []
+    monkeypatch.setattr(auto, "max_softmax", lambda row: reads.append(1) or 0.5)
+    greedy, prompt = SamplingParams(temperature=0.0), [1, 2, 3, 4, 5, 6, 7, 1]
+    for model, expected in ((None, 0), (ModelDrafter(FakeBackend(seed=1), 0.0), priors.SURE_TARGET_TOKENS)):
+        reads.clear()
+        policy = CostAwarePolicy(SEVEN_B.copy(), draft_max=31, has_draft_model=model is not None)
+        decoder = Decoder(FakeBackend(seed=0), AutoDrafter(NgramDrafter(1, 3), model, policy), lambda history, limit: limit)
+        tokens = list(decoder.generate(prompt, 60, greedy, np.random.default_rng(0)))[-1].tokens
+        assert len(tokens) == 60 and len(reads) == expected
 
 def _first_model_use(curve: CostModel, prompt_length: int, tokens: int = 128) -> int | None:
     """The step at which the draft model is first consulted, plain decoding until then."""

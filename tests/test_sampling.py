@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from scipy import stats as scistats
 
-from specllm.engine.drafters import _max_softmax
+from specllm.engine.drafters import max_softmax
 from specllm.engine.sampling import SamplingParams, argmax, draw, sample, warp
 from specllm.errors import UsageError
 
@@ -162,8 +162,8 @@ def test_the_draft_models_confidence_is_its_top_probability():
     for spread in (0.5, 2.0, 6.0):
         logits = (rng.standard_normal(151936) * spread).astype(np.float32)
         z = np.exp(logits.astype(np.float64) - logits.max())
-        assert _max_softmax(logits) == pytest.approx(1.0 / z.sum(), rel=1e-5)
-    assert _max_softmax(np.array([0.0, -np.inf, -np.inf], dtype=np.float32)) == 1.0
+        assert max_softmax(logits) == pytest.approx(1.0 / z.sum(), rel=1e-5)
+    assert max_softmax(np.array([0.0, -np.inf, -np.inf], dtype=np.float32)) == 1.0
 
 
 def test_argmax_prefers_lowest_id_on_tie():

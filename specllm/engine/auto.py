@@ -10,7 +10,9 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from specllm.engine.drafters import Draft, ModelDrafter, NgramDrafter
+import numpy as np
+
+from specllm.engine.drafters import Draft, ModelDrafter, NgramDrafter, max_softmax
 from specllm.engine.estimates import Beta
 from specllm.engine.policy import CostAwarePolicy
 
@@ -135,7 +137,9 @@ class AutoDrafter:
         self.commit(prompt)
         self.policy.begin(len(prompt))
 
-    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float, target_rows: np.ndarray) -> None:
+        if self.policy.wants_target_sureness:  # 0.3-0.9 ms a row on a CPU, for the first few tokens only
+            self.policy.observe_target_sureness([max_softmax(row) for row in target_rows])
         costs = self.policy.costs
         loading = self._loading  # in the step's time (the user waited for it), not in what the policy learns
         model_seconds = draft.model_seconds - loading

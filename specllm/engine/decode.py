@@ -114,10 +114,10 @@ class Decoder:
             step_started = time.perf_counter()
             draft, draft_seconds = self._propose(limit, params, rng)
             started = time.perf_counter()
-            verdict = self._verify(draft, params, rng)
+            verdict, rows = self._verify(draft, params, rng)
             verify_seconds = time.perf_counter() - started
             if self.drafter is not None:
-                self.drafter.feedback(draft, verdict.accepted, draft_seconds, verify_seconds)
+                self.drafter.feedback(draft, verdict.accepted, draft_seconds, verify_seconds, rows[: verdict.accepted + 1])
             new = draft.tokens[: verdict.accepted] + [verdict.token]
             sources = [draft.source] * verdict.accepted + ["target"]
             ended = False
@@ -173,7 +173,7 @@ class Decoder:
         last = self.history[-1]
         k = len(draft.tokens)
         logits = self.target.evaluate([last, *draft.tokens], list(range(k + 1)), copy=False)
-        return verify(logits, draft.tokens, draft.q_draft, params, rng)
+        return verify(logits, draft.tokens, draft.q_draft, params, rng), logits
 
     def _settle(self) -> None:
         """Rewind the target to hold history[:-1] and tell the drafter what was committed."""

@@ -38,8 +38,9 @@ class Drafter(Protocol):
     def start(self, prompt: list[int]) -> None:
         """A generation begins after `prompt` (commit it); what follows is the target's own output."""
 
-    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        """How the last step fared (`draft` may be empty); drafters that do not learn ignore it."""
+    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float, target_rows: np.ndarray) -> None:
+        """How the last step fared (`draft` may be empty; `target_rows`: the target's logits for the
+        committed tokens, valid only during the call); drafters that do not learn ignore it."""
 
 
 MEMORY_TOKENS = 8192  # how much text of earlier, abandoned histories the n-gram cache remembers
@@ -98,7 +99,7 @@ class NgramDrafter:
     def start(self, prompt: list[int]) -> None:
         self.commit(prompt)
 
-    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float, target_rows: np.ndarray) -> None:
         pass  # fixed drafters do not learn
 
     def _remember(self, tokens: list[int]) -> None:
@@ -188,7 +189,7 @@ class ModelDrafter:
     def start(self, prompt: list[int]) -> None:
         self.commit(prompt)
 
-    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float, target_rows: np.ndarray) -> None:
         pass  # p-min decides alone; `auto` learns from the outcomes instead
 
     def _catch_up(self, history: list[int]) -> np.ndarray:
@@ -238,7 +239,7 @@ class ChainDrafter:
         for drafter in self.drafters:
             drafter.start(prompt)
 
-    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float, target_rows: np.ndarray) -> None:
         pass  # fixed drafters do not learn
 
 
@@ -255,10 +256,10 @@ def read_greedy_row(logits: np.ndarray) -> tuple[float, int]:
     """What a greedy draft step reads from its row of logits besides the pass: its confidence and its
     token (the calibration times a draft step with it: 0.3 ms a row of 151,936, a fifth of a small
     draft model's step on a GPU)."""
-    return _max_softmax(logits), argmax(logits)
+    return max_softmax(logits), argmax(logits)
 
 
-def _max_softmax(logits: np.ndarray) -> float:
+def max_softmax(logits: np.ndarray) -> float:
     """Probability of the most likely token at temperature 1: the exponentials in float32, summed in
     float64 (a relative error near 1e-7; over a 151,936-token vocabulary float64 took 2.4 ms a
     draft step, float32 0.4 ms)."""

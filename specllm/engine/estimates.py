@@ -24,8 +24,8 @@ class Beta:
     rejected: float
 
     @classmethod
-    def prior(cls, mean: float) -> "Beta":
-        return cls(mean * priors.PRIOR_WEIGHT, (1 - mean) * priors.PRIOR_WEIGHT)
+    def prior(cls, mean: float, weight: float = priors.PRIOR_WEIGHT) -> "Beta":
+        return cls(mean * weight, (1 - mean) * weight)
 
     @property
     def mean(self) -> float:

@@ -20,7 +20,10 @@ generation (`estimates.py`, from the priors of `priors.py`):
     any draft risks a pass;
   - the draft model's tokens by one acceptance rate for the decision to consult it (optimistic,
     mean plus one deviation, while its losses stay within the exploration budget), and by its
-    confidence (top probability) for how far to draft once consulted.
+    confidence (top probability) for how far to draft once consulted. Before it is consulted its
+    rate is a prior: pessimistic, unless the target's own top probability on its first tokens shows
+    it sure of itself (where a small draft of its family agrees with it most), which raises the
+    prior and widens what its first use may lose.
 The draft model must read every committed token it has not seen before it drafts: the whole prompt
 before its first use, then whatever n-gram and plain steps committed since. The first use is an
 investment, made only when what the draft model is expected to win over the tokens likely left (as
@@ -77,7 +80,10 @@ class CostAwarePolicy:
         # draft-model learning
         self.has_draft_model = has_draft_model
         self.draft_acceptance = Beta.prior(priors.DRAFT_PRIOR)
+        self.draft_observed = False  # whether that rests on the draft model's own outcomes yet (else its prior)
         self.confidence = [Beta.prior(mean) for mean in priors.CONFIDENCE_PRIORS]
+        self.sureness_total, self.sureness_seen = 0.0, 0  # the target's top probabilities on this generation's tokens while the draft model is cold: sum, count
+        self.sure_target = False  # the draft model's prior was raised by how sure the target is
         self.model_state = COLD
         self.committed = self.ngram_committed = 0  # tokens of this generation, and those committed by n-gram steps
         self.tokens_left = 0
@@ -94,6 +100,9 @@ class CostAwarePolicy:
         self.committed = self.ngram_committed = 0
         self.budget = None
         self.model_net = self.entry_seconds = 0.0
+        self.sureness_total, self.sureness_seen, self.sure_target = 0.0, 0, False
+        if not self.draft_observed:  # a prior raised in an earlier turn does not carry over; what was learned does
+            self.draft_acceptance = Beta.prior(priors.DRAFT_PRIOR)
 
     def at_step(self, context: int, tokens_left: int) -> None:
         """This step's target context (tokens in its KV cache) and how many tokens may still come
@@ -188,8 +197,10 @@ class CostAwarePolicy:
                 return True
             if gain_per_token <= 0:
                 # Its acceptance stays at the prior while it is unused and what it must read only
-                # grows: it cannot become worth consulting in this generation.
-                self.model_state = RETIRED
+                # grows: it cannot become worth consulting in this generation (once the target has
+                # shown how sure it is, which may raise the prior).
+                if not self.wants_target_sureness:
+                    self.model_state = RETIRED
                 return False
             # Worth reading the prompt for once what it is expected to win over the tokens likely
             # left exceeds the reading: a long prompt waits until the generation shows it is long
@@ -367,6 +378,7 @@ class CostAwarePolicy:
         if own and accepted >= model_from:  # the model's tokens were reached
             model_accepted = min(accepted - model_from, own)
             self.draft_acceptance.observe(model_accepted, model_accepted < own)
+            self.draft_observed = True
         if source == "draft":
             self.model_net += committed * self.cost(1) - seconds
         elif model_drafted is not None and model_from:
@@ -381,6 +393,29 @@ class CostAwarePolicy:
         if self.model_state == COLD:
             self.model_state = ACTIVE
             self.entry_seconds = self.costs.catch_up(caught_up) - self.costs.draft_seconds
+            if self.sure_target and self.budget is not None:
+                self.budget *= priors.SURE_TARGET_BUDGET  # consulted on the target's word, not to explore
+
+    @property
+    def wants_target_sureness(self) -> bool:
+        """Whether the target's top probability on the tokens it commits can still change a decision:
+        while the draft model is cold, until SURE_TARGET_TOKENS tokens have shown how sure it is."""
+        return self.model_state == COLD and self.sureness_seen < priors.SURE_TARGET_TOKENS
+
+    def observe_target_sureness(self, top_probabilities: list[float]) -> None:
+        """The target's top probability on each token a step committed. Once SURE_TARGET_TOKENS are
+        seen, a target sure of itself on average raises the draft model's prior for this generation,
+        where that prior leaves it out (where it pays at the prior, a raised one would only make it
+        outbid sure n-gram copies) and it has shown nothing of its own yet."""
+        if not self.wants_target_sureness:
+            return
+        self.sureness_total += sum(top_probabilities)
+        self.sureness_seen += len(top_probabilities)
+        if self.sureness_seen < priors.SURE_TARGET_TOKENS or self.draft_observed:
+            return
+        if self.sureness_total / self.sureness_seen >= priors.SURE_TARGET and self.model_gain_per_token() <= 0:
+            self.draft_acceptance = Beta.prior(priors.SURE_TARGET_DRAFT_PRIOR, priors.SURE_TARGET_PRIOR_WEIGHT)
+            self.sure_target = True
 
     def observe_wasted_model_time(self, seconds: float) -> None:
         """The draft model was consulted and declined to draft: its time bought nothing."""

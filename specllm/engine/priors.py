@@ -61,6 +61,30 @@ CAP_SHRINK = 0.5
 # time on translation, 75% on questions, 84-94% on math, writing and retrieval, 99% on code edits.
 # The prior is the lowest of these: pessimistic, so the draft model must earn its place.
 DRAFT_PRIOR = 0.6
+# How sure the target is of its own tokens says how often a small draft of its family agrees with
+# it: on the recorded text of dev.jsonl, the check set and the third set (69 free-form answers of
+# 24+ tokens), the target's mean top probability on its first 16 tokens against the 0.5B's agreement
+# on the rest: correlation 0.56; under 0.7 the draft agreed 0.70 of the time, 0.7-0.8 0.81, 0.8-0.85
+# 0.92, 0.85+ 0.88 (math, coding and reasoning are sure and agreed; translation, writing and
+# questions neither). So where the draft model's prior (0.6) leaves it out, the target's mean top
+# probability on the first SURE_TARGET_TOKENS tokens may bring it in: at SURE_TARGET or more the
+# prior becomes SURE_TARGET_DRAFT_PRIOR (the agreement above 0.8), counting as
+# SURE_TARGET_PRIOR_WEIGHT tokens (it rests on many of the target's), and the draft model is not
+# retired before those tokens are seen. Its first use may then lose SURE_TARGET_BUDGET times the
+# exploration budget: where a 7B verifies on 2 cores a failed 3-token draft costs 2.9 passes, and
+# two unlucky drafts must not end a draft model that agrees 93% of the time (a weight of 2, or no
+# wider budget, left the workload's one math answer at 0.91-0.95x). 20 tokens: 21 of the 92
+# free-form answers recorded end by then, 3 more by 24 (16 lost short answers: a draft model
+# reading a 20-token question to draft the 2 tokens left). Replay (workload / check set / third
+# set) on the EPYC 7B-shaped twin, where the draft step costs 0.12 of a pass and the prior never
+# consults it: 1.285x / 1.184x / 1.243x -> 1.319x / 1.209x / 1.287x; coding 1.05 / 0.99 / 1.00x ->
+# 1.21 / 1.18 / 1.24x, math_reasoning 1.00x -> 1.12 / 1.05 / 1.15x, every category >= 0.978x. The
+# RTX 4090 and M2 Max estimates +0.4-0.5% on two sets; every other curve and the long sets unchanged.
+SURE_TARGET_TOKENS = 20
+SURE_TARGET = 0.8
+SURE_TARGET_DRAFT_PRIOR = 0.88
+SURE_TARGET_PRIOR_WEIGHT = 8.0
+SURE_TARGET_BUDGET = 3.0
 # Consulting the draft model to learn its acceptance is exploration: where it turns out not to pay
 # it may cost at most this share of the plain-decoding time of the tokens asked for.
 # A first probe is paid from it in proportion to the share of tokens the n-gram cache did not
