@@ -397,6 +397,18 @@ def test_a_draft_model_consulted_on_the_targets_word_survives_two_unlucky_drafts
     assert after_two_misses(0.0) == RETIRED
 
 
+def test_a_sure_draft_model_drafts_past_a_dear_batch_size_once_it_has_saved_enough():
+    """On a 7B's 2-core curve a fourth drafted token makes the batch 0.89 passes dearer, while a batch
+    of 16 costs less than one of 15: one token at a time, a draft accepted 98% of the time stops at 3.
+    Looking further, it drafts on towards the cheap sizes, as far as what the draft model has saved
+    lets a failed draft cost (nothing saved yet: one pass more than the batch it has)."""
+    policy = CostAwarePolicy(SEVEN_B.copy(), draft_max=31, has_draft_model=True)
+    _start(policy, prompt_length=60)
+    assert not policy.worth_looking_further([0.98] * 3)
+    policy.model_net = 10 * SEVEN_B.verify(1)  # ten passes saved
+    assert policy.worth_looking_further([0.98] * 3)
+    assert not policy.worth_looking_further([0.6] * 3)
+
 def test_a_prior_raised_by_a_sure_target_does_not_carry_into_the_next_generation():
     """A chat's next turn starts from the draft model's own record, or from its prior where it has
     none: not from how sure the target was in the last turn."""

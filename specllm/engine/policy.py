@@ -304,19 +304,35 @@ class CostAwarePolicy:
         return self.confidence[int(np.searchsorted(priors.CONFIDENCE_EDGES, confidence, side="right")) - 1]
 
     def worth_including(self, acceptance: list[float], next_acceptance: float) -> bool:
-        """With the draft model's next token in hand (its step already paid): does verifying it pay,
-        one more row in the target's batch after the k drafted so far?"""
-        k = len(acceptance)
+        """With the draft model's next token in hindsight (its step already paid): does verifying it
+        pay, one more row in the target's batch after the k drafted so far, or as the first of a
+        longer draft that pays?"""
         survive = float(np.prod(acceptance)) if acceptance else 1.0
-        return survive * next_acceptance > self.target_rate() * (self.cost(k + 2) - self.cost(k + 1))
+        return self._worth_drafting_on(len(acceptance), survive, next_acceptance, drafted=1)
 
     def worth_looking_further(self, acceptance: list[float]) -> bool:
-        """After k drafted tokens: is one more draft step worth it, for a token that would be accepted
-        about as often as the last one and verified in a bigger batch?"""
-        k = len(acceptance)
-        survive = float(np.prod(acceptance))
-        cost = self.costs.draft_seconds + self.cost(k + 2) - self.cost(k + 1)
-        return survive * acceptance[-1] > self.target_rate() * cost
+        """After k drafted tokens: is drafting on worth it, for tokens that would be accepted about
+        as often as the last one and verified in a bigger batch?"""
+        return self._worth_drafting_on(len(acceptance), float(np.prod(acceptance)), acceptance[-1])
+
+    def _worth_drafting_on(self, k: int, survive: float, acceptance: float, drafted: int = 0) -> bool:
+        """After k tokens in the batch (all accepted with probability `survive`): does some number of
+        further tokens pay, each accepted with probability `acceptance`, a draft step each (bar the
+        first `drafted`, in hand) and a row each? Not only the next one: CPU curves are not convex
+        (a 7B on 2 cores verifies 5 tokens for 0.89 passes more than 4, then 8 more for 1.5), and a
+        dear size on the way to a cheap one is worth crossing when the draft model is sure."""
+        rate, room = self.target_rate(), max(min(self.draft_max, self.tokens_left - 1) - k, 1)  # the drafter keeps to its room
+        allowed = self.cost(1) + priors.CAP_GROWTH * max(self.model_net + self.entry_seconds, 0.0)
+        value, alive = 0.0, survive
+        for j in range(1, room + 1):
+            if j > 1 and self.cost(k + 1 + j) - self.cost(k + 1) > allowed:
+                break
+            alive *= acceptance
+            step = self.costs.draft_seconds if j > drafted else 0.0
+            value += alive - rate * (step + self.cost(k + 1 + j) - self.cost(k + j))
+            if value > 0:
+                return True
+        return False
 
     def copy_beats_model(self, acceptance: list[float], copy: list[float]) -> bool:
         """After k tokens from the draft model: is appending an n-gram copy (tokens accepted with

@@ -46,6 +46,14 @@ SENTENCE_END_PRIOR = 0.5
 # time of one single-token pass plus CAP_GROWTH times what n-gram drafts have saved so far (or be
 # half the agreeing span when that is longer): on a CPU one early lucky match does not buy a dear
 # batch, while on a flat GPU curve, where a wrong long draft costs little, drafts are long at once.
+# The same bound stops a draft model's draft from looking past a dear batch size to a cheap one
+# beyond (a 7B on 2 cores: 5 tokens cost 0.89 passes more than 4, 16 less than 15) further than one
+# pass plus CAP_GROWTH times what the draft model has saved. One token at a time, a draft accepted
+# 98% of the time stopped at 3 there; replay on the EPYC 7B twin (workload / check / third set):
+# 1.319x / 1.209x / 1.287x -> 1.320x / 1.215x / 1.295x, coding 1.21 / 1.18 / 1.24x -> 1.20 / 1.22 /
+# 1.34x, check-set math 1.14x -> 1.21x; the RTX 3090 32B estimate 4.507x / 3.494x / 3.672x ->
+# 4.502x / 3.493x / 3.700x; the rest unchanged. Unbounded, the workload's one math answer fell to
+# 0.88x (two unlucky long drafts).
 CAP_GROWTH = 2
 # What n-gram drafts have lost shrinks what a bet may risk, at a quarter of the rate savings grow it:
 # a generation whose matches keep failing stops paying for long lottery tickets, while one early
@@ -80,6 +88,7 @@ DRAFT_PRIOR = 0.6
 # consults it: 1.285x / 1.184x / 1.243x -> 1.319x / 1.209x / 1.287x; coding 1.05 / 0.99 / 1.00x ->
 # 1.21 / 1.18 / 1.24x, math_reasoning 1.00x -> 1.12 / 1.05 / 1.15x, every category >= 0.978x. The
 # RTX 4090 and M2 Max estimates +0.4-0.5% on two sets; every other curve and the long sets unchanged.
+# (Before the draft model's drafts looked past a dear batch size: see CAP_GROWTH.)
 SURE_TARGET_TOKENS = 20
 SURE_TARGET = 0.8
 SURE_TARGET_DRAFT_PRIOR = 0.88
