@@ -8,7 +8,9 @@ how policy changes are compared before `bench` measures them for real.
     python scripts/replay_policy.py record --out streams.json [--prompts dev.jsonl] [-n 128]
     python scripts/replay_policy.py replay streams.json [--costs bench.json]
 
-`record` runs plain decoding on the default preset (slow: a few seconds a prompt);
+`record` runs plain decoding on the default preset (slow: a few seconds a prompt), and keeps the
+target's top probability on every token and what the draft model proposes after every position;
+run on an existing recording, it adds the target's top probabilities where they are missing;
 `replay` prints, per category, the policy's simulated speedup over plain decoding, with the n-gram
 cache alone, the n-gram oracle bound of `bench`, the two-source oracle and the share of it reached,
 an n-gram policy told in hindsight how far the category's proposals run by their kind and agreeing
