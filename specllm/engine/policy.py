@@ -324,14 +324,17 @@ class CostAwarePolicy:
         rate, room = self.target_rate(), max(min(self.draft_max, self.tokens_left - 1) - k, 1)  # the drafter keeps to its room
         allowed = self.cost(1) + priors.CAP_GROWTH * max(self.model_net + self.entry_seconds, 0.0)
         value, alive = 0.0, survive
+        base = before = self.cost(k + 1)
         for j in range(1, room + 1):
-            if j > 1 and self.cost(k + 1 + j) - self.cost(k + 1) > allowed:
+            size = self.cost(k + 1 + j)
+            if j > 1 and size - base > allowed:
                 break
             alive *= acceptance
             step = self.costs.draft_seconds if j > drafted else 0.0
-            value += alive - rate * (step + self.cost(k + 1 + j) - self.cost(k + j))
+            value += alive - rate * (step + size - before)
             if value > 0:
                 return True
+            before = size
         return False
 
     def copy_beats_model(self, acceptance: list[float], copy: list[float]) -> bool:
