@@ -74,7 +74,9 @@ DRAFT_PRIOR = 0.6
 # 24+ tokens), the target's mean top probability on its first 16 tokens against the 0.5B's agreement
 # on the rest: correlation 0.56; under 0.7 the draft agreed 0.70 of the time, 0.7-0.8 0.81, 0.8-0.85
 # 0.92, 0.85+ 0.88 (math, coding and reasoning are sure and agreed; translation, writing and
-# questions neither). So where the draft model's prior (0.6) leaves it out, the target's mean top
+# questions neither). At temperature 0.8 alike: the expected acceptance of sampled drafts (the sum
+# of min(p, q) of both warped rows, along the same text) was 0.72 under 0.7, 0.90 from 0.8 on.
+# So where the draft model's prior (0.6) leaves it out, the target's mean top
 # probability on the first SURE_TARGET_TOKENS tokens may bring it in: at SURE_TARGET or more the
 # prior becomes SURE_TARGET_DRAFT_PRIOR (the agreement above 0.8), counting as
 # SURE_TARGET_PRIOR_WEIGHT tokens (it rests on many of the target's), and the draft model is not
