@@ -93,13 +93,19 @@ def record_target(target, sequence: list[int], prompt_length: int) -> list[float
     """The target's top probability on each token after the prompt, the end token included (what
     `--spec auto` reads of how sure the target is while the draft model is cold), from one batched
     pass over the text."""
-    target.rewind(0)
-    start = prompt_length - 1
-    if start:
-        target.evaluate(sequence[:start], [])
-    rows = target.evaluate(sequence[start:-1], list(range(len(sequence) - 1 - start)))
+    rows = _rows_along(target, sequence, prompt_length)
     target.rewind(0)
     return [round(float(c), 4) for c in _top_probability(rows)]
+
+
+def _rows_along(backend, sequence: list[int], prompt_length: int) -> np.ndarray:
+    """The backend's logits for the token after each position of `sequence` from the prompt's last
+    token on, from one batched pass (its cache then holds all of the sequence but the last token)."""
+    backend.rewind(0)
+    start = prompt_length - 1
+    if start:
+        backend.evaluate(sequence[:start], [])
+    return backend.evaluate(sequence[start:-1], list(range(len(sequence) - 1 - start)))
 
 
 def record_draft(draft, sequence: list[int], prompt_length: int, n_vocab: int) -> dict:
@@ -111,11 +117,8 @@ def record_draft(draft, sequence: list[int], prompt_length: int, n_vocab: int) -
     continuation is decoded a few steps, for its confidences (the policy's stopping signal); those
     tokens are rejected whatever they are.
     """
-    draft.rewind(0)
     start = prompt_length - 1
-    if start:
-        draft.evaluate(sequence[:start], [])
-    rows = draft.evaluate(sequence[start:-1], list(range(len(sequence) - 1 - start)))[:, :n_vocab]
+    rows = _rows_along(draft, sequence, prompt_length)[:, :n_vocab]
     argmax = [int(t) for t in rows.argmax(axis=1)]
     confidence = [round(float(c), 4) for c in _top_probability(rows)]
     off_path = {}

@@ -423,6 +423,7 @@ def test_a_prior_raised_by_a_sure_target_does_not_carry_into_the_next_generation
     learned = policy.draft_acceptance.mean
     _start(policy, prompt_length=300)
     assert policy.draft_acceptance.mean == learned
+    assert not policy.wants_target_sureness  # its own record decides now: the target's softmaxes are not read
 
 
 def test_the_targets_sureness_is_read_only_while_it_can_change_a_decision(monkeypatch):

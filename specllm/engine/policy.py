@@ -304,7 +304,7 @@ class CostAwarePolicy:
         return self.confidence[int(np.searchsorted(priors.CONFIDENCE_EDGES, confidence, side="right")) - 1]
 
     def worth_including(self, acceptance: list[float], next_acceptance: float) -> bool:
-        """With the draft model's next token in hindsight (its step already paid): does verifying it
+        """With the draft model's next token in hand (its step already paid): does verifying it
         pay, one more row in the target's batch after the k drafted so far, or as the first of a
         longer draft that pays?"""
         survive = float(np.prod(acceptance)) if acceptance else 1.0
@@ -418,19 +418,20 @@ class CostAwarePolicy:
     @property
     def wants_target_sureness(self) -> bool:
         """Whether the target's top probability on the tokens it commits can still change a decision:
-        while the draft model is cold, until SURE_TARGET_TOKENS tokens have shown how sure it is."""
-        return self.model_state == COLD and self.sureness_seen < priors.SURE_TARGET_TOKENS
+        while the draft model is cold and has shown nothing of its own (in an earlier turn), until
+        SURE_TARGET_TOKENS tokens have shown how sure the target is."""
+        return self.model_state == COLD and not self.draft_observed and self.sureness_seen < priors.SURE_TARGET_TOKENS
 
     def observe_target_sureness(self, top_probabilities: list[float]) -> None:
         """The target's top probability on each token a step committed. Once SURE_TARGET_TOKENS are
         seen, a target sure of itself on average raises the draft model's prior for this generation,
         where that prior leaves it out (where it pays at the prior, a raised one would only make it
-        outbid sure n-gram copies) and it has shown nothing of its own yet."""
+        outbid sure n-gram copies)."""
         if not self.wants_target_sureness:
             return
         self.sureness_total += sum(top_probabilities)
         self.sureness_seen += len(top_probabilities)
-        if self.sureness_seen < priors.SURE_TARGET_TOKENS or self.draft_observed:
+        if self.sureness_seen < priors.SURE_TARGET_TOKENS:
             return
         if self.sureness_total / self.sureness_seen >= priors.SURE_TARGET and self.model_gain_per_token() <= 0:
             self.draft_acceptance = Beta.prior(priors.SURE_TARGET_DRAFT_PRIOR, priors.SURE_TARGET_PRIOR_WEIGHT)
