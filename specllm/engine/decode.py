@@ -17,7 +17,7 @@ import numpy as np
 
 from specllm.engine.drafters import Draft, Drafter, common_prefix
 from specllm.engine.protocol import Backend
-from specllm.engine.sampling import SamplingParams, argmax, draw
+from specllm.engine.sampling import Randoms, SamplingParams, argmax, draw
 from specllm.engine.verify import verify
 from specllm.errors import SpecllmError
 
@@ -99,6 +99,7 @@ class Decoder:
                 "raise --ctx-size or shorten the prompt"
             )
         yield self._prefill(prompt)
+        randoms = None if params.greedy else Randoms.drawn_from(rng)  # the target's draws by position; `rng` is the drafter's
         text = _TextStream(self.target)
         generated: list[int] = []
         reason = "length"
@@ -114,7 +115,7 @@ class Decoder:
             step_started = time.perf_counter()
             draft, draft_seconds = self._propose(limit, params, rng)
             started = time.perf_counter()
-            verdict, rows = self._verify(draft, params, rng)
+            verdict, rows = self._verify(draft, params, randoms)
             verify_seconds = time.perf_counter() - started
             if self.drafter is not None:
                 self.drafter.feedback(draft, verdict.accepted, draft_seconds, verify_seconds, rows[: verdict.accepted + 1])
@@ -169,11 +170,11 @@ class Decoder:
                 draft = self.drafter.propose(self.history, size, params, rng)
         return draft or Draft([], None, "target"), time.perf_counter() - started
 
-    def _verify(self, draft: Draft, params, rng):
-        last = self.history[-1]
+    def _verify(self, draft: Draft, params, randoms: Randoms | None):
+        last, position = self.history[-1], len(self.history)  # row i chooses the token at position + i
         k = len(draft.tokens)
         logits = self.target.evaluate([last, *draft.tokens], list(range(k + 1)), copy=False)
-        return verify(logits, draft.tokens, draft.q_draft, params, rng), logits
+        return verify(logits, draft.tokens, draft.q_draft, params, lambda i: randoms.at(position + i)), logits
 
     def _settle(self) -> None:
         """Rewind the target to hold history[:-1] and tell the drafter what was committed."""
@@ -209,14 +210,16 @@ class _TextStream:
 def generate_plain(
     target: Backend, prompt: list[int], max_tokens: int, params: SamplingParams, rng: np.random.Generator
 ) -> list[int]:
-    """Plain decoding, one token per target pass, same prefill and sampler: the reference."""
+    """Plain decoding, one token per target pass, same prefill and sampler (and the same draw at
+    each position for the same `rng`): the reference."""
     target.rewind(0)
     if len(prompt) > 1:
         target.evaluate(prompt[:-1], [])
+    randoms = None if params.greedy else Randoms.drawn_from(rng)
     last, out = prompt[-1], []
     while len(out) < max_tokens and target.n_past < target.n_ctx:
         logits = target.evaluate([last], [0], copy=False)[0]
-        last = argmax(logits) if params.greedy else draw(logits, params, rng)
+        last = argmax(logits) if params.greedy else draw(logits, params, randoms.at(len(prompt) + len(out)))
         if target.is_eog(last):
             break
         out.append(last)

@@ -40,6 +40,28 @@ class SamplingParams:
         return self
 
 
+class Randoms:
+    """A generation's random draws, keyed by position: the uniforms that choose the token at position
+    j come from a stream of their own (numpy's counter-based Philox, keyed by the generation, its
+    counter at j), not from what earlier steps happened to draw. So the target's own draw at j is
+    the same whether plain decoding reached j or a step verified a drafted token there, and an
+    n-gram token, verified by that draw (`verify_sampled`), cannot change a seeded text: however
+    much the n-gram cache drafts (which depends on timings and on earlier requests), the seed gives
+    plain decoding's text. The draft model's own draws do not come from here."""
+
+    def __init__(self, key: int):
+        self.key = key
+
+    @classmethod
+    def drawn_from(cls, rng: np.random.Generator | None) -> "Randoms":
+        """A generation's key from the caller's generator (one draw: a seeded generator gives the same key)."""
+        return cls(int((rng or np.random.default_rng()).integers(2**63)))
+
+    def at(self, position: int) -> np.random.Generator:
+        """The uniforms of position j, in order (2**64 blocks apart: no position's stream runs into the next)."""
+        return np.random.Generator(np.random.Philox(key=self.key, counter=position << 64))
+
+
 def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Probabilities over the whole vocabulary after temperature, top-k, top-p and min-p.
 

@@ -7,7 +7,7 @@ decide how many drafted tokens to keep and which token the target adds after the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -33,25 +33,40 @@ def verify_sampled(
     p_target: np.ndarray,
     draft: list[int],
     q_draft: Sequence[np.ndarray | None] | None,
-    rng: np.random.Generator,
+    randoms: Callable[[int], np.random.Generator],
 ) -> Verdict:
     """Temperature > 0: rejection sampling (Leviathan et al., Chen et al.).
 
     `p_target` are warped probabilities, k+1 rows. `q_draft` are the draft's warped
     probabilities, k rows (a row None: that token was drawn deterministically, one-hot q, as the
-    n-gram cache's are), or None when every token was.
+    n-gram cache's are), or None when every token was. `randoms(i)` gives the uniforms of row i.
     Accept token x with probability min(1, p/q); at the first rejection sample from
     normalize(max(0, p - q)); when every token passes, sample the bonus from the last row.
+
+    A one-hot token is verified by the target's own draw from its row, kept when the draw is the
+    token: kept with probability p(x) = min(1, p/q), and the draw otherwise falls in p off x,
+    normalize(max(0, p - q)), so this is the same rule. It is also plain decoding's draw at that
+    position (`Randoms`): what the n-gram cache drafts never changes which token is committed.
     """
     for i, token in enumerate(draft):
-        p_row = p_target[i]
         q_row = None if q_draft is None else q_draft[i]
-        q_x = 1.0 if q_row is None else float(q_row[token])
+        if q_row is None:
+            choice = _draw(p_target, i, randoms(i))
+            if choice == token:
+                continue
+            return Verdict(i, choice)
+        rng = randoms(i)
+        p_row, q_x = p_target[i], float(q_row[token])
         if q_x > 0.0 and rng.random() * q_x < p_row[token]:
             continue
         return Verdict(i, sample(residual(p_row, q_row, token), rng))
     bonus = len(draft)
-    return Verdict(bonus, p_target.draw(bonus, rng) if isinstance(p_target, _WarpedRows) else sample(p_target[bonus], rng))
+    return Verdict(bonus, _draw(p_target, bonus, randoms(bonus)))
+
+
+def _draw(p_target, i: int, rng: np.random.Generator) -> int:
+    """The target's own token from row i: sample(p_target[i], rng), without the whole row where it can."""
+    return p_target.draw(i, rng) if isinstance(p_target, _WarpedRows) else sample(p_target[i], rng)
 
 
 def residual(p_row: np.ndarray, q_row: np.ndarray | None, token: int) -> np.ndarray:
@@ -72,12 +87,12 @@ def verify(
     draft: list[int],
     q_draft: Sequence[np.ndarray | None] | None,
     params: SamplingParams,
-    rng: np.random.Generator,
+    randoms: Callable[[int], np.random.Generator],
 ) -> Verdict:
     """Dispatch on temperature. `target_logits` are raw rows; warping happens here, lazily."""
     if params.greedy:
         return verify_greedy(target_logits, draft)
-    return verify_sampled(_WarpedRows(target_logits, params), draft, q_draft, rng)
+    return verify_sampled(_WarpedRows(target_logits, params), draft, q_draft, randoms)
 
 
 class _WarpedRows:
