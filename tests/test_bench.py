@@ -69,8 +69,9 @@ def test_warm_runs_reuse_decoders():
     assert engine.created[2:] == ["off", "ngram"]
 
 
-def _run(prompt, strategy, tokens, seconds, drafted=0, accepted=0, passes=None, draft_seconds=0.0, prompt_tokens=None):
+def _run(prompt, strategy, tokens, seconds, drafted=0, accepted=0, passes=None, draft_seconds=0.0, prompt_tokens=None, model_seconds=0.0):
     stats = Stats(tokens=len(tokens), seconds=seconds, target_passes=passes or len(tokens), drafted=drafted, accepted=accepted, draft_seconds=draft_seconds)
+    stats.model_seconds = model_seconds
     if drafted:
         stats.by_source["ngram"] = SourceStats(steps=passes, drafted=drafted, accepted=accepted)
     return Run(prompt, strategy, 0, prompt_tokens or [1, 2, 3], tokens, stats)
@@ -81,11 +82,34 @@ def test_parted_texts_are_near_ties_without_exact_kernels_and_a_bug_with_them():
 
     p0, p1 = PROMPTS[0], PROMPTS[2]
     same = [_run(p0, "off", [1] * 4, 1.0), _run(p0, "ngram", [1] * 4, 0.5), _run(p1, "off", [2] * 4, 1.0), _run(p1, "ngram", [2] * 4, 0.5)]
-    assert _parting_line(same, exact=True) == "exact kernels: all 2 texts equal off's, token for token"
-    assert _parting_line(same, exact=False) is None  # nothing to say
-    parted = same[:3] + [_run(p1, "ngram", [2, 3, 2, 2], 0.5)]
-    assert "yet 1 of 2 texts part from off's: a bug" in _parting_line(parted, exact=True)
-    assert _parting_line(parted, exact=False).startswith("1 of 2 texts part from off's: ") and "--exact rules that out" in _parting_line(parted, exact=False)
+    for greedy in (True, False):  # above temperature 0 a seeded text the draft model had no part in is off's too
+        assert _parting_line(same, exact=True, greedy=greedy) == "exact kernels: all 2 texts equal off's, token for token"
+        assert _parting_line(same, exact=False, greedy=greedy) is None  # nothing to say
+        parted = same[:3] + [_run(p1, "ngram", [2, 3, 2, 2], 0.5)]
+        assert "yet 1 of 2 texts part from off's: a bug" in _parting_line(parted, exact=True, greedy=greedy)
+        line = _parting_line(parted, exact=False, greedy=greedy)
+        assert line.startswith("1 of 2 texts part from off's: ") and "--exact rules that out" in line
+    # a draft model's tokens are verified by rejection sampling: above temperature 0 its run's text is its own
+    modelled = same[:3] + [_run(p1, "auto", [2, 3, 2, 2], 0.5, model_seconds=0.1)]
+    assert "yet 1 of 2 texts part" in _parting_line(modelled, exact=True, greedy=True)
+    assert _parting_line(modelled, exact=True, greedy=False) == "exact kernels: all 1 texts equal off's, token for token"
+
+
+def test_sampled_texts_are_compared_with_offs_where_the_draft_model_had_no_part():
+    """Above temperature 0 every strategy samples with off's seed: a text only n-gram drafts touched
+    is off's (they are verified by off's own draws), one the draft model drafted into need not be."""
+    p0, p1 = PROMPTS[0], PROMPTS[2]
+    runs = [
+        _run(p0, "off", [1] * 4, 1.0),
+        _run(p0, "auto", [1] * 4, 0.5, drafted=3, accepted=3, passes=2),
+        _run(p1, "off", [2] * 4, 1.0),
+        _run(p1, "auto", [2, 3, 2, 2], 0.5, model_seconds=0.2),
+    ]
+    rows = {(r["category"], r["strategy"]): r for r in summarize(runs, COSTS, greedy=False)}
+    assert rows[("a", "auto")]["identical_prompts"] == "1/1" and rows[("a", "auto")]["identical_to_off"] is True
+    assert rows[("b", "auto")]["identical_prompts"] is None and rows[("b", "auto")]["identical_to_off"] is None
+    assert rows[("all", "auto")]["identical_prompts"] == "1/1"
+    assert parting_points(runs, greedy=False) == {} and parting_points(runs, greedy=True) == {id(runs[3]): 1}
 
 
 def test_summary_arithmetic():
@@ -102,7 +126,7 @@ def test_summary_arithmetic():
     assert a["acceptance_rate"] == 0.75 and a["mean_accepted_length"] == 2.5
     assert a["identical_to_off"] is True
     assert rows[("b", "ngram")]["identical_to_off"] is False
-    assert parting_points(runs) == {id(runs[3]): 9}  # where b's ngram run parted from off
+    assert parting_points(runs, greedy=True) == {id(runs[3]): 9}  # where b's ngram run parted from off
     assert rows[("b", "ngram")]["speedup"] == 0.5
     everything = rows[("all", "ngram")]
     assert everything["tokens"] == 20 and everything["speedup"] == pytest.approx(20 / 5 / (20 / 4), abs=1e-3)

@@ -111,7 +111,8 @@ def _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy) -> di
         _merge(total, run.stats)
     tok_s = _tok_per_s(group)
     speedup = tok_s / off_tok_s if off_tok_s else None
-    identical = sum(run.tokens == plain.tokens for run, plain in _paired(group, off)) if greedy and off else None
+    compared = [(run, plain) for run, plain in _paired(group, off or []) if text_should_equal_off(run, greedy)]
+    identical = sum(run.tokens == plain.tokens for run, plain in compared) if compared else None
     row = {
         "strategy": strategy,
         "category": category,
@@ -134,8 +135,8 @@ def _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy) -> di
             for k, v in total.by_source.items()
         },
         "undrafted_passes": total.target_passes - sum(v.steps for v in total.by_source.values()),
-        "identical_to_off": identical == len(group) if identical is not None else None,
-        "identical_prompts": f"{identical}/{len(group)}" if identical is not None else None,
+        "identical_to_off": identical == len(compared) if identical is not None else None,
+        "identical_prompts": f"{identical}/{len(compared)}" if identical is not None else None,
         "oracle_speedup": round(oracle, 3) if oracle else None,
         "share_of_oracle": round(speedup / oracle, 3) if oracle and speedup else None,
     }
@@ -242,11 +243,21 @@ def undrafted_pass_ratio(runs: list[Run]) -> dict | None:
     }
 
 
-def parting_points(runs: list[Run]) -> dict[int, int]:
-    """For every run whose tokens differ from off's run of the same prompt and repeat: the index of
-    the first token that differs (keyed by id(run)), where a near tie may have flipped."""
+def text_should_equal_off(run: Run, greedy: bool) -> bool:
+    """Whether a run's text should be off's (the same prompt and repeat, so the same seed): at
+    temperature 0 always; above it where the draft model had no part (an n-gram token is verified
+    by the target's own draw at its position, off's draw; a draft-model token by rejection
+    sampling, which keeps the distribution, not the draws)."""
+    return greedy or not run.stats.model_seconds
+
+
+def parting_points(runs: list[Run], greedy: bool) -> dict[int, int]:
+    """For every run whose tokens should be off's (`text_should_equal_off`) and differ from off's
+    run of the same prompt and repeat: the index of the first token that differs (keyed by
+    id(run)), where a near tie may have flipped."""
     parts = {}
-    for run, plain in _paired(runs, [r for r in runs if r.strategy == "off"]):
+    compared = [r for r in runs if r.strategy != "off" and text_should_equal_off(r, greedy)]
+    for run, plain in _paired(compared, [r for r in runs if r.strategy == "off"]):
         if run.tokens != plain.tokens:
             differ = (i for i, (a, b) in enumerate(zip(run.tokens, plain.tokens)) if a != b)
             parts[id(run)] = next(differ, min(len(run.tokens), len(plain.tokens)))

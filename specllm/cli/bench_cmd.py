@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specllm.backend import system_info
-from specllm.bench.harness import BenchSettings, parting_points, run_bench, summarize, undrafted_pass_ratio
+from specllm.bench.harness import BenchSettings, parting_points, run_bench, summarize, text_should_equal_off, undrafted_pass_ratio
 from specllm.bench.workloads import load_prompts
 from specllm.cli import common as c
 from specllm.cli import options as o
@@ -79,7 +79,7 @@ def bench(
     if report["undrafted_pass_ratio"] is not None:
         out.print(_noise_line(report["undrafted_pass_ratio"]))
     out.print(_curve_line(costs))
-    parting = _parting_line(runs, engine.target.exact) if params.greedy else None
+    parting = _parting_line(runs, engine.target.exact, params.greedy)
     if parting:
         out.print(parting)
     if learned is not costs:
@@ -209,11 +209,14 @@ def _learned_line(calibrated, learned, earlier: int = 0, moved: float = 0.05) ->
     return prefix + (", ".join(changes) if changes else f"no size moved by more than {moved:.0%}")
 
 
-def _parting_line(runs, exact: bool) -> str | None:
-    """Greedy texts that part from off's: near ties flipped by llama.cpp's batch kernels, or, with
-    exact kernels, a bug (None: without exact kernels, no text parts)."""
-    compared = sum(r.strategy != "off" for r in runs)
-    parted = len(parting_points(runs))
+def _parting_line(runs, exact: bool, greedy: bool) -> str | None:
+    """Texts that part from off's where they should equal it (`text_should_equal_off`: at
+    temperature 0 every text, above it those the draft model had no part in): near ties flipped by
+    llama.cpp's batch kernels, or, with exact kernels, a bug (None: without exact kernels, no text parts)."""
+    compared = sum(r.strategy != "off" and text_should_equal_off(r, greedy) for r in runs)
+    parted = len(parting_points(runs, greedy))
+    if not compared:
+        return None
     if not exact:
         if not parted:
             return None
@@ -225,7 +228,7 @@ def _parting_line(runs, exact: bool) -> str | None:
 
 
 def _report(engine, settings, costs, learned, rows, runs, workload, partial, prompts_file) -> dict:
-    parts = parting_points(runs)
+    parts = parting_points(runs, settings.params.greedy)
     return {
         "partial": partial,
         "machine": {
@@ -265,7 +268,7 @@ def _report(engine, settings, costs, learned, rows, runs, workload, partial, pro
         "undrafted_pass_ratio": undrafted_pass_ratio(runs),  # timing noise: runs that drafted nothing against off's
         "runs": [
             {"prompt": r.prompt.id, "category": r.prompt.category, "strategy": r.strategy, "repeat": r.repeat, **r.stats.to_dict(),
-             "parts_from_off_at": parts.get(id(r)) if settings.params.greedy else None}  # fmt: skip
+             "parts_from_off_at": parts.get(id(r))}  # fmt: skip
             for r in runs
         ],
     }
