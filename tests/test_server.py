@@ -127,6 +127,25 @@ def test_models_and_health(tiny_server):
     assert status == 200 and body["status"] == "ok" and body["model"] == "tiny"
 
 
+def test_a_presets_target_model_name_is_served_too(tiny_pair):
+    """`specllm serve` serves the default preset as `qwen2.5-coder`; a client that names its target
+    model, `qwen2.5-coder-1.5b` (the README's example), is served too, not told the model is unknown."""
+    from specllm.cli.serve_cmd import _aliases
+
+    assert _aliases("qwen2.5-coder") == {"qwen2.5-coder-1.5b"} and _aliases("no-such-preset") == set()
+    engine = tiny_engine(tiny_pair)
+    try:
+        with running(Service(engine, "tiny", aliases={"tiny-1b"})) as url:
+            api = client(url)
+            assert [m.id for m in api.models.list()] == ["tiny"]
+            reply = api.chat.completions.create(model="tiny-1b", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            assert reply.choices[0].message.content is not None
+            with pytest.raises(openai.NotFoundError):
+                api.chat.completions.create(model="tiny-2b", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    finally:
+        engine.close()
+
+
 def test_text_completion_streaming_and_stop_strings(tiny_server):
     url, _ = tiny_server
     api = client(url)
@@ -201,6 +220,24 @@ def exact_texts(truth: LlamaBackend, prompt: list[int], params: SamplingParams) 
 
 
 @pytest.mark.slow
+def test_a_seeded_request_gets_its_text_again_though_the_ngram_cache_drafts_it(tiny_pair):
+    """At temperature > 0 with a `seed`: the second time the n-gram cache drafts the first answer
+    from memory, and the text is the first one's (an n-gram token is verified by the target's own
+    draw at its position, keyed by the seed), as a fresh server's is."""
+    engine = tiny_engine(tiny_pair, "ngram")
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "Write a list of words."}], max_tokens=32, temperature=0.9)
+    try:
+        with running(Service(engine, "tiny")) as url:
+            replies = [client(url).chat.completions.create(**ask, seed=3) for _ in range(3)]
+        with running(Service(engine, "tiny")) as url:
+            fresh, other = (client(url).chat.completions.create(**ask, seed=seed).choices[0].message.content for seed in (3, 4))
+    finally:
+        engine.close()
+    texts = [r.choices[0].message.content for r in replies]
+    assert texts[0] and texts == [fresh] * 3 and other != fresh  # the seed decides, not what was drafted
+    assert replies[-1].usage.model_extra["speculation"]["accepted"] > 0  # drafted from the remembered answers
+
+
 def test_sampling_under_reuse_follows_the_target_distribution(compact_pair):
     """Temperature > 0, each sample served right after a different request (KV prefix and n-gram
     memory carried over): the texts follow the target's exactly computed distribution. On the
@@ -398,6 +435,37 @@ def test_a_client_that_disconnects_mid_stream_stops_its_generation(paced_server)
     result = service.worker.history[-1]
     assert result.finish_reason == "interrupted" and result.stats.tokens < 200  # 400 at 0.02 s a step: 8 s
     assert chat(url, "still there?", max_tokens=2).choices[0].message.content is not None
+
+
+def test_an_aborted_generation_is_an_error_not_a_finished_answer(paced_server):
+    """A second Ctrl-C or SIGTERM aborts the running request: its client is told the answer was cut
+    short (streamed: an error event after the text so far), not handed half an answer as finished."""
+    url, service, gate = paced_server
+    gate.set()
+    stream = chat(url, "Tell a long story.", max_tokens=400, stream=True)
+    seen = 0
+    with pytest.raises(openai.APIError) as cut:
+        for chunk in stream:
+            seen += bool(chunk.choices and chunk.choices[0].delta.content)
+            if seen == 3:
+                service.worker.stop_accepting()
+                service.worker.abort()
+    assert "cut short" in str(cut.value) and seen >= 3
+    assert service.worker.history[-1].finish_reason == "interrupted"
+
+
+def test_tokens_past_a_stop_string_are_not_counted(tiny_server):
+    """A step can commit a whole accepted draft at once: the tokens it committed after the one that
+    completed a stop string are neither sent nor counted in `completion_tokens`."""
+    url, _ = tiny_server
+    api = client(url)
+    prompt = "The quick brown fox jumps over the lazy dog."
+    for _ in range(2):  # the second time the n-gram cache drafts the first answer, remembered, in a few steps
+        full = api.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0)
+    assert full.usage.model_extra["speculation"]["steps"] <= 4 < full.usage.completion_tokens
+    cut = api.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0, stop=[full.choices[0].text[:1]])
+    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].text == ""  # met at the first token
+    assert cut.usage.completion_tokens == 1
 
 
 # -- the command: signals and the exit code ------------------------------------------------------

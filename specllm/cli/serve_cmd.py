@@ -48,7 +48,8 @@ def serve(
         raise SpecllmError(f'`specllm serve` needs the server extra ({exc.name} is missing): pip install "specllm[server]"') from None
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact)
-    service = Service(engine, _model_id(model), queue_size)
+    model_id = _model_id(model)
+    service = Service(engine, model_id, queue_size, aliases=_aliases(model_id))
 
     def ready(bound_host: str, bound_port: int) -> None:
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
@@ -67,3 +68,9 @@ def _model_id(model: str | None) -> str:
     if model is None:
         return catalog.default_preset(catalog.load_registry()).name
     return Path(model).stem if model.endswith(".gguf") else model
+
+
+def _aliases(model_id: str) -> set[str]:
+    """Other names of the served model: a preset's target model (`qwen2.5-coder-1.5b` for `qwen2.5-coder`)."""
+    preset = catalog.load_registry().presets.get(model_id)
+    return {preset.target} if preset is not None else set()

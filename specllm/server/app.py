@@ -30,10 +30,12 @@ from specllm.server.worker import Job, Result, Worker
 class Service:
     """What the routes share: the engine (tokenizer, context size), the served name, the worker."""
 
-    def __init__(self, engine, model_id: str, queue_size: int = 8, make_decoder: Callable[[], Decoder] | None = None):
+    def __init__(self, engine, model_id: str, queue_size: int = 8, make_decoder: Callable[[], Decoder] | None = None, aliases=()):
         self.engine, self.model_id = engine, model_id
         self.strategy = engine.spec.strategy
-        self.names = {model_id, engine.target.path.name, engine.target.path.stem}
+        # what a client may send as `model`: the served name, other names of the same model (a
+        # preset's target), the GGUF file's name
+        self.names = {model_id, *aliases, engine.target.path.name, engine.target.path.stem}
         self.created = int(time.time())
         self.worker = Worker(make_decoder or engine.decoder, queue_size)
 

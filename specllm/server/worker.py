@@ -151,6 +151,8 @@ class Worker:
 
         try:
             for event in self.decoder.generate(job.prompt, job.max_tokens, job.params, rng, stop=should_stop):
+                if isinstance(event, TokenCommitted) and text.stopped:
+                    continue  # committed in the step that met a stop string, after it: neither sent nor counted
                 stats.update(event)
                 if isinstance(event, TokenCommitted):
                     piece = text.push(event.text)
@@ -173,7 +175,10 @@ class Worker:
         result = Result("".join(pieces), done.finish_reason, text.stopped, stats)
         self.served += 1
         self.history = (self.history + [result])[-16:]
-        job.post("done", result)
+        if done.finish_reason == "interrupted" and self.aborting.is_set() and not text.stopped:  # a second signal
+            job.post("error", busy(f"{SHUTTING_DOWN}: this generation was cut short after {stats.tokens} tokens"))
+        else:
+            job.post("done", result)
 
     def _fail(self, job: Job, error: ApiError) -> None:
         """A failed step may leave the KV cache out of step with the history: start afresh."""
