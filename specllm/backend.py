@@ -9,8 +9,11 @@ talks to the small `Backend` protocol (`specllm.engine.protocol`), so tests can 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -67,6 +70,29 @@ def _llama_system_info() -> str:
 # the AMX buffer type is taken out of the list of extra buffer types its model loader reads.
 _buffers_left_out: str | None = None  # "AMX", "extra" (every extra buffer type, where AMX could not be taken out alone), None
 _log_callback = None
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Hold Ctrl-C and SIGTERM while llama.cpp loads a model, and deliver them when it returns.
+
+    Python runs a signal's handler at its next bytecode, which during a load is llama.cpp's log
+    callback (Python, called from C), and ctypes prints and drops an exception raised there: the
+    command went on as if no key had been pressed. Only the main thread can set handlers; a load
+    elsewhere (a server's worker) is left as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for signum in held:
+            signal.raise_signal(signum)  # to the handler the command had: its exit code, its message
 
 
 def _init_llama() -> None:
@@ -184,6 +210,10 @@ class LlamaBackend:
     """One GGUF model loaded through llama.cpp, with one sequence in its KV cache."""
 
     def __init__(self, path: str | Path, options: LoadOptions = LoadOptions()):
+        with _signals_held():
+            self._load(path, options)
+
+    def _load(self, path: str | Path, options: LoadOptions) -> None:
         import llama_cpp
 
         self._lib = llama_cpp

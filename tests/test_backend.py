@@ -317,3 +317,37 @@ def test_llama_cpp_refuses_truncated_tensor_data(broken):
     path, _ = broken["truncated data"]
     with pytest.raises(SpecllmError, match="could not load"):
         _load(path)
+
+
+# -- signals during a load ---------------------------------------------------------------------
+
+
+def _c_calls_back_into_python_after_a_ctrl_c() -> None:
+    """What a load does when Ctrl-C lands in it: C code (libc's qsort here; llama.cpp's loader in
+    life) calls a Python callback (llama.cpp's log), where Python runs the signal's handler."""
+    import os
+    import signal
+
+    compare = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))
+    sent = []
+
+    def by_value(a, b):
+        if not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGINT))
+        return a[0] - b[0]
+
+    values = (ctypes.c_int * 4)(3, 1, 2, 0)
+    ctypes.CDLL(None).qsort(values, len(values), ctypes.sizeof(ctypes.c_int), compare(by_value))
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "qsort"), reason="no C library with qsort to call back from")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the unheld signal, dropped by ctypes
+def test_a_ctrl_c_during_a_load_is_delivered_when_the_load_returns():
+    """Raised inside the callback, KeyboardInterrupt is printed and dropped by ctypes (the command went
+    on and exited 0); held during the load, it reaches the command once the load returns."""
+    from specllm.backend import _signals_held
+
+    _c_calls_back_into_python_after_a_ctrl_c()  # unheld: lost in the callback, nothing raised here
+    with pytest.raises(KeyboardInterrupt):
+        with _signals_held():
+            _c_calls_back_into_python_after_a_ctrl_c()
