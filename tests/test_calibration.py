@@ -3,6 +3,7 @@
 import io
 import json
 import time
+from pathlib import Path
 import numpy as np
 import pytest
 
@@ -290,3 +291,36 @@ def test_the_calibration_says_what_it_does_and_a_terminal_sees_it_run(monkeypatc
     # On a terminal a spinner counts the seconds (then is erased); elsewhere the line is all there is.
     assert ("0:00:00" in text) is terminal
     assert text.count("\n") == 1 or terminal
+
+
+def _save_many(path: str, name: str, rounds: int, start) -> None:
+    """Save a curve under a key of this writer's at each round, reading the whole file back after each save."""
+    start.wait(60)
+    damaged = 0
+    for i in range(rounds):
+        save_costs(Path(path), f"{name}-{i}", CostModel({k: 0.01 * k + i for k in range(1, 33)}))
+        try:
+            json.loads(Path(path).read_text("utf-8"))
+        except ValueError:
+            damaged += 1
+    raise SystemExit(min(damaged, 100))
+
+
+def test_processes_saving_curves_at_once_keep_every_entry_and_a_whole_file(tmp_path):
+    """A server and a run (or two runs) save their curves into one cache file: none may read it half
+    written (a damaged cache is measured again, 1-3 min, and rewritten with one entry), nor drop the
+    other's entry."""
+    import multiprocessing
+
+    path = tmp_path / "costs.json"
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(3)
+    writers = [context.Process(target=_save_many, args=(str(path), name, 100, start)) for name in ("a", "b", "c")]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(60)
+    assert [writer.exitcode for writer in writers] == [0, 0, 0]  # no half-written file read back
+    entries = json.loads(path.read_text("utf-8"))
+    assert sorted(entries) == sorted(f"{name}-{i}" for name in "abc" for i in range(100))  # nobody's entry lost
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []  # no temporary file left

@@ -10,7 +10,10 @@ cached). `CostModel` answers `verify(k, context)` (seconds to evaluate a batch o
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -352,7 +355,8 @@ def load_costs(path: Path | None, key: str) -> CostModel | None:
 def save_costs(path: Path | None, key: str, costs: CostModel) -> None:
     """Keep a calibration for this key, in place of an earlier one and what was learned from it."""
     if path is not None:
-        _write_cache(path, _read_cache(path) | {key: costs.to_dict()})
+        with _locked(path):
+            _write_cache(path, _read_cache(path) | {key: costs.to_dict()})
 
 
 def load_learned(path: Path | None, key: str, calibrated: CostModel) -> CostModel | None:
@@ -368,12 +372,15 @@ def load_learned(path: Path | None, key: str, calibrated: CostModel) -> CostMode
 def save_learned(path: Path | None, key: str, calibrated: CostModel, learned: CostModel) -> None:
     """Keep the refined curve beside the calibration it grew from, for the next process to start from;
     not where the cache now holds another calibration (measured again meanwhile) or none."""
-    data = _read_cache(path)
-    current = _entry(data, key)
-    if current is None or current.batch_seconds != calibrated.batch_seconds:
-        return  # no cache, or not this calibration's
-    data[key] = data[key] | {"learned": learned.to_dict()}
-    _write_cache(path, data)
+    if path is None:
+        return
+    with _locked(path):
+        data = _read_cache(path)
+        current = _entry(data, key)
+        if current is None or current.batch_seconds != calibrated.batch_seconds:
+            return  # no cache, or not this calibration's
+        data[key] = data[key] | {"learned": learned.to_dict()}
+        _write_cache(path, data)
 
 
 def _entry(data: dict, key: str) -> CostModel | None:
@@ -392,10 +399,35 @@ def _read_cache(path: Path | None) -> dict:
 
 
 def _write_cache(path: Path, data: dict) -> None:
+    """The whole file at once: written under a name of this write's own, then renamed over it, so that
+    a reader (another process: a server beside a run) sees the old file or the new, never half."""
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1), "utf-8")
-        tmp.replace(path)
+        handle, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(json.dumps(data, indent=1))
+        os.replace(tmp, path)
     except OSError:
-        pass  # caching is an optimisation; measuring again next time is fine
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        # caching is an optimisation; measuring again next time is fine
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """One process at a time reads, changes and writes the cache (advisory lock beside it), so that two
+    writing at once both keep their entries. Where the OS has no such locks (Windows) or the lock file
+    cannot be made, unlocked: writes stay whole, one of two at once may lose its entry (measured again)."""
+    try:
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(path.name + ".lock"), "a")  # noqa: SIM115 - held for the block below
+    except (ImportError, OSError):
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
