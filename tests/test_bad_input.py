@@ -93,6 +93,16 @@ def test_broken_model_file_is_one_line_naming_the_file(home, broken, tiny_pair, 
     assert cache_leftovers(home) == []
 
 
+def test_a_folder_named_without_a_slash_is_a_folder_not_an_unknown_model(home, tmp_path, monkeypatch):
+    """`-m models` where ./models is a folder: said so, as for `-m ./models`, rather than that no
+    preset has that name (a preset's name still wins over a folder named like it)."""
+    (tmp_path / "models").mkdir()
+    monkeypatch.chdir(tmp_path)
+    done = specllm_here(home, "run", "-m", "models", "-p", "hi", "--spec", "off")
+    assert_one_error(done, 1, "models", "is a directory, not a GGUF file")
+    assert_one_error(specllm_here(home, "run", "-m", "elsewhere", "-p", "hi"), 1, "unknown model 'elsewhere'")  # no such folder
+
+
 def test_draft_of_another_tokenizer_family_is_refused(home, smollm2_path, qwen_pair):
     qwen_draft = qwen_pair[1]
     done = specllm_here(home, "run", "-m", smollm2_path, "--draft", qwen_draft, "--spec", "draft", "-p", "hi")

@@ -41,7 +41,13 @@ def resolve_model(
     if looks_like_path(spec):
         raise SpecllmError(f"model file not found: {spec}")
     registry = registry or load_registry()
-    return ensure_model(find_model(spec, registry), fetch=fetch, progress=progress, warn=warn, pull_name=spec)
+    try:
+        entry = find_model(spec, registry)
+    except SpecllmError:
+        if path.exists():  # no model of that name, but a folder of it here: gguf.inspect says what it is
+            return path
+        raise
+    return ensure_model(entry, fetch=fetch, progress=progress, warn=warn, pull_name=spec)
 
 
 def ensure_model(
