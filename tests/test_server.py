@@ -298,8 +298,10 @@ BAD = {  # name: (path, body as sent, status, the param or code the error names)
     "messages beyond the context": ("/v1/chat/completions", {**GOOD, "messages": [{"role": "user", "content": "word " * (2 * N_CTX)}]}, 400, "context_length_exceeded"),
     "temperature a string": ("/v1/chat/completions", {**GOOD, "temperature": "hot"}, 400, "temperature"),
     "temperature negative": ("/v1/chat/completions", {**GOOD, "temperature": -1}, 400, "temperature"),
-    "top_p zero": ("/v1/chat/completions", {**GOOD, "top_p": 0}, 400, "top_p"),
+    "top_p above one": ("/v1/chat/completions", {**GOOD, "top_p": 1.5}, 400, "top_p"),
     "seed a float": ("/v1/chat/completions", {**GOOD, "seed": 1.5}, 400, "seed"),
+    "seed below -1": ("/v1/chat/completions", {**GOOD, "seed": -2}, 400, "seed"),
+    "nested too deeply": ("/v1/chat/completions", b"[" * 100_000, 400, None),
     "stop a number": ("/v1/chat/completions", {**GOOD, "stop": 7}, 400, "stop"),
     "stream a string": ("/v1/chat/completions", {**GOOD, "stream": "yes"}, 400, "stream"),
     "n of 2": ("/v1/chat/completions", {**GOOD, "n": 2}, 400, "n"),
@@ -321,6 +323,14 @@ def raw(url: str, method: str, path: str, body: object = None) -> tuple[int, dic
         return response.status, json.loads(response.read())
     finally:
         connection.close()
+
+
+def test_values_openai_clients_send_that_specllm_reads_its_own_way(tiny_server):
+    """`top_p: 0` keeps the most likely token only (the greedy text); `seed: -1` is a random seed."""
+    url, _ = tiny_server
+    greedy = chat(url, "Rename add to plus:\n" + CODE, max_tokens=12).choices[0].message.content
+    assert chat(url, "Rename add to plus:\n" + CODE, max_tokens=12, temperature=1.0, top_p=0).choices[0].message.content == greedy
+    assert chat(url, "hi", max_tokens=2, temperature=1.0, seed=-1).choices[0].message.content is not None
 
 
 def test_every_bad_input_gets_an_openai_error_and_the_server_keeps_serving(tiny_server):

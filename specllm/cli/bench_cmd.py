@@ -220,8 +220,9 @@ def _parting_line(runs, exact: bool, greedy: bool) -> str | None:
     if not exact:
         if not parted:
             return None
+        moved = "flips near ties" if greedy else "flips near ties and moves draws near the edge between two tokens"
         return (f"{parted} of {compared} texts part from off's: llama.cpp rounds a token in a batch differently "
-                "from one alone, which flips near ties; --exact rules that out (slower)")  # fmt: skip
+                f"from one alone, which {moved}; --exact rules that out (slower)")  # fmt: skip
     if not parted:
         return f"exact kernels: all {compared} texts equal off's, token for token"
     return f"exact kernels, yet {parted} of {compared} texts part from off's: a bug, please report it (with --json)"

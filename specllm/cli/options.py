@@ -26,8 +26,8 @@ COLOR = "auto"
 MAX_THREADS = 512  # GGML_MAX_N_THREADS: llama.cpp crashes on more
 
 # -- options shared by the generating commands (Typer `Annotated` aliases) ----------------
-Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Preset name, hf:ORG/REPO:QUANT (or hf:ORG/REPO/FILE.gguf), or path to a GGUF file. [default: the default preset]")]
-Draft = Annotated[Optional[str], typer.Option("--draft", "-md", help="Draft model: preset/model name, hf:ORG/REPO:QUANT, GGUF path, or auto (a compatible, much smaller model from the presets and the cache). [default: the preset's draft]")]
+Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Preset name, hf:ORG/REPO:QUANT (or hf:ORG/REPO/FILE.gguf), or path to a GGUF file.", show_default="the default preset")]
+Draft = Annotated[Optional[str], typer.Option("--draft", "-md", help="Draft model: preset/model name, hf:ORG/REPO:QUANT, GGUF path, or auto (a compatible, much smaller model from the presets and the cache).", show_default="the preset's draft")]
 Spec = Annotated[str, typer.Option("--spec", help=f"Speculation strategy: {', '.join(STRATEGIES)}.")]
 DraftMax = Annotated[int, typer.Option("--draft-max", help="Most tokens drafted per step.")]
 DraftPMin = Annotated[float, typer.Option("--draft-p-min", help="Draft model stops when its top probability falls below this.")]
@@ -38,9 +38,9 @@ Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is 
 TopK = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")]
 TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1: off).")]
 MinP = Annotated[float, typer.Option("--min-p", help="Drop tokens below this fraction of the best one (0: off).")]
-Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed. [default: random]")]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed: with one, the text is the same whatever the n-gram cache drafts.", show_default="random")]
 CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in tokens.")]
-Threads = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads. [default: all cores up to 8]")]
+Threads = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads.", show_default="all cores up to 8")]
 GpuLayers = Annotated[int, typer.Option("--gpu-layers", "-ngl", help="Target layers on the GPU (-1: all when the build supports it).")]
 GpuLayersDraft = Annotated[int, typer.Option("--gpu-layers-draft", "-ngld", help="Draft layers on the GPU (-1: all when supported).")]
 Exact = Annotated[bool, typer.Option("--exact", help="Batch-invariant kernels: at --temp 0 the text is bit-identical to plain decoding's (--spec off --exact), never parted by a near tie. Target on the CPU; verifications of 3-7 tokens at most, so speculation gains less.")]

@@ -84,6 +84,8 @@ async def _generate(service: Service, kind: str, http: HttpRequest):
         body = json.loads(await http.body())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is not valid JSON here: nested too deeply") from None
     request = schema.parse(kind, body)
     if request.model is not None and request.model not in service.names:
         raise ApiError(404, f"model {request.model!r} is not served here; this server serves {service.model_id!r}",

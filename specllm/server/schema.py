@@ -163,9 +163,11 @@ def _params(body: dict) -> SamplingParams:
     top_k = _get(body, "top_k", int, DEFAULTS.top_k)
     min_p = _get(body, "min_p", float, DEFAULTS.min_p)
     seed = _get(body, "seed", int, None)
-    checks = [("temperature", temperature >= 0, "0 or more"), ("top_p", 0 < top_p <= 1, "in (0, 1]"),
+    seed = None if seed == -1 else seed  # llama.cpp's servers' "random"
+    # top_p 0, as OpenAI allows it: the smallest set of most likely tokens, one
+    checks = [("temperature", temperature >= 0, "0 or more"), ("top_p", 0 <= top_p <= 1, "in [0, 1]"),
               ("top_k", top_k >= 0, "0 (off) or more"), ("min_p", 0 <= min_p < 1, "in [0, 1)"),
-              ("seed", seed is None or seed >= 0, "0 or more")]  # fmt: skip
+              ("seed", seed is None or seed >= 0, "0 or more (-1: random)")]  # fmt: skip
     for name, ok, want in checks:
         if not ok:
             raise ApiError(400, f"{name!r} must be {want}, got {body[name]}", name)
