@@ -413,7 +413,7 @@ def test_a_full_queue_answers_503_and_the_queued_requests_are_served_in_order(pa
     assert service.worker.served == 2
 
 
-def test_a_request_whose_client_leaves_while_it_waits_is_never_generated(paced_server):
+def test_a_request_whose_client_leaves_while_it_waits_is_never_generated_and_frees_its_place(paced_server):
     url, service, gate = paced_server
     first = threading.Thread(target=chat, args=(url, "first"), kwargs={"max_tokens": 3})
     first.start()
@@ -424,10 +424,14 @@ def test_a_request_whose_client_leaves_while_it_waits_is_never_generated(paced_s
     until(lambda: service.worker.queued() == 1, "the second request to wait")
     leaving.close()
     time.sleep(0.2)  # the server notices the closed connection
+    third = threading.Thread(target=chat, args=(url, "third"), kwargs={"max_tokens": 3})
+    third.start()  # the left request's place in the queue (of one) is free again: not a 503
+    until(lambda: service.worker.queued() == 1, "the third request to wait")
     gate.set()
     first.join(WAIT)
+    third.join(WAIT)
     until(lambda: service.worker.queued() == 0 and not service.worker.busy, "the queue to empty")
-    assert service.worker.served == 1
+    assert service.worker.served == 2
     assert chat(url, "still there?", max_tokens=2).choices[0].message.content is not None
 
 

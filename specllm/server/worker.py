@@ -24,6 +24,7 @@ from specllm.server.schema import ApiError, busy
 
 log = logging.getLogger("specllm.server")
 SHUTTING_DOWN = "the server is shutting down"
+LEFT = ApiError(499, "the client closed the request", kind="client_closed")
 
 
 @dataclass
@@ -95,7 +96,26 @@ class Worker:
         try:
             self.jobs.put_nowait(job)
         except queue.Full:
-            raise busy(f"the server is busy: {self.queue_size} requests are already waiting; retry later") from None
+            self._drop_left()
+            try:
+                self.jobs.put_nowait(job)
+            except queue.Full:
+                raise busy(f"the server is busy: {self.queue_size} requests are already waiting; retry later") from None
+
+    def _drop_left(self) -> None:
+        """Take out the waiting jobs whose clients have left (answered, so their handlers end): their
+        places go to those who ask now. In the loop's thread, the only one that adds jobs."""
+        waiting = []
+        while True:
+            try:
+                waiting.append(self.jobs.get_nowait())
+            except queue.Empty:
+                break
+        for job in waiting:
+            if job is not None and job.cancelled.is_set():
+                job.post("error", LEFT)
+            else:
+                self.jobs.put_nowait(job)
 
     def queued(self) -> int:
         return self.jobs.qsize()
@@ -132,7 +152,7 @@ class Worker:
             if self.closing.is_set():
                 job.post("error", busy(SHUTTING_DOWN))
             elif job.cancelled.is_set():  # its client left while it waited: answer so its handler ends
-                job.post("error", ApiError(499, "the client closed the request", kind="client_closed"))
+                job.post("error", LEFT)
             else:
                 self.busy = True
                 try:
