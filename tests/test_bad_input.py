@@ -103,6 +103,15 @@ def test_a_folder_named_without_a_slash_is_a_folder_not_an_unknown_model(home, t
     assert_one_error(specllm_here(home, "run", "-m", "elsewhere", "-p", "hi"), 1, "unknown model 'elsewhere'")  # no such folder
 
 
+def test_a_draft_the_strategy_does_not_use_is_said_to_be_unused(home, tiny_pair, tmp_path):
+    """`--spec off` or `ngram` never load a draft model: a `--draft` given with them (even one that
+    does not exist) is said to go unused, not silently passed over."""
+    for spec in ("off", "ngram"):
+        done = specllm_here(home, "run", "-m", tiny_pair[0], "--spec", spec, "--draft", tmp_path / "none.gguf", "-p", "hi", "-n", "2")
+        assert done.returncode == 0, done.stderr
+        assert f"warning: --draft is not used with --spec {spec}: no draft model loaded" in done.stderr
+
+
 def test_draft_of_another_tokenizer_family_is_refused(home, smollm2_path, qwen_pair):
     qwen_draft = qwen_pair[1]
     done = specllm_here(home, "run", "-m", smollm2_path, "--draft", qwen_draft, "--spec", "draft", "-p", "hi")
@@ -258,6 +267,8 @@ BAD_FLAGS = [
     (["--ngram-min", "5", "--ngram-max", "3"], "got 5 and 3"),
     (["--ngram-max", "33"], "got 2 and 33"),
     (["--seed", "-1"], "--seed must be 0 or more, got -1"),
+    (["-ngl", "-5"], "--gpu-layers must be -1 (all, where the build offloads) or 0 or more, got -5"),
+    (["-ngld", "-2"], "--gpu-layers-draft must be -1 (all, where the build offloads) or 0 or more, got -2"),
     (["--spec", "fast"], "--spec must be one of auto, off, ngram, draft, ngram+draft; got 'fast'"),
     (["--color", "purple"], "--color must be auto, always or never; got 'purple'"),
     (["--no-such-flag"], "No such option: --no-such-flag"),
@@ -279,7 +290,7 @@ def test_out_of_bounds_flags_are_usage_errors(home, tiny_pair, flags, problem):
         (["bench", "--repeats", "0"], "--repeats and --limit must be at least 1"),
         (["bench", "--strategies", "off,fast"], "unknown strategies fast"),
         (["bench", "--json", "/no/such/folder/out.json"], "--json /no/such/folder/out.json: the folder /no/such/folder does not exist"),
-        (["run", "-m"], "Option '-m' requires an argument"),
+        (["run", "-m"], "Option '-m' requires an argument. (see `specllm --help`)"),
         (["launch"], "No such command 'launch'"),
     ],
     ids=["chat top-p", "bench repeats", "bench strategies", "bench json folder", "missing value", "unknown command"],

@@ -86,7 +86,8 @@ def _usage_error(exc) -> None:
     elif "\n" in message.strip():  # no arguments (plain click): the message is the help text
         exc.show()
     else:
-        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None and exc.exit_code == 2 else ""
+        command = ctx.command_path if ctx is not None else "specllm"  # a missing value: click names no command
+        hint = f" (see `{command} --help`)" if exc.exit_code == 2 else ""
         _error(message + hint)
     sys.exit(exc.exit_code)
 

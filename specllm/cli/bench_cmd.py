@@ -50,7 +50,7 @@ def bench(
     exact: o.Exact = o.LOAD.exact,
 ) -> None:
     """Measure plain decoding against each speculation strategy on the same prompts."""
-    o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers)
+    o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers, gpu_layers_draft)
     if repeats < 1 or (limit is not None and limit < 1):
         raise UsageError("--repeats and --limit must be at least 1")
     chosen = _strategies(strategies)

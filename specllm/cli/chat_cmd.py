@@ -46,7 +46,7 @@ def chat(
     Replies go to stdout and nothing else does, so a script can drive a chat through a pipe.
     """
     params = o.sampling_params(temp, top_k, top_p, min_p, seed)
-    o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers)
+    o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers, gpu_layers_draft)
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     colour = use_colour(color, sys.stdout)
     interactive = sys.stdin.isatty()

@@ -40,6 +40,8 @@ def open_engine(
                 draft_path = auto_draft(model, target_path, reg, progress)
             elif draft_name:
                 draft_path = store.resolve_model(draft_name, reg, progress=progress, warn=warn)
+        elif draft:
+            warn(f"--draft is not used with --spec {spec.strategy}: no draft model loaded")
     options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers, exact=exact)
     draft_options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers_draft)
     engine = Engine(ModelPaths(target_path, draft_path), spec, options, draft_options, catalog.cache_dir() / "costs.json")

@@ -52,12 +52,15 @@ def sampling_params(temp: float, top_k: int, top_p: float, min_p: float, seed: i
     return SamplingParams(temp, top_k, top_p, min_p, seed).validate()
 
 
-def check_common(max_tokens: int, ctx_size: int, threads: int | None, exact: bool = False, gpu_layers: int = -1) -> None:
+def check_common(max_tokens: int, ctx_size: int, threads: int | None, exact: bool = False, gpu_layers: int = -1, gpu_layers_draft: int = -1) -> None:
     if max_tokens < 1:
         raise UsageError(f"--max-tokens must be at least 1, got {max_tokens}")
     if ctx_size < 8:
         raise UsageError(f"--ctx-size must be at least 8 tokens, got {ctx_size}")
     if threads is not None and not 1 <= threads <= MAX_THREADS:
         raise UsageError(f"--threads must be between 1 and {MAX_THREADS}, got {threads}")
+    for flag, layers in (("--gpu-layers", gpu_layers), ("--gpu-layers-draft", gpu_layers_draft)):
+        if layers < -1:
+            raise UsageError(f"{flag} must be -1 (all, where the build offloads) or 0 or more, got {layers}")
     if exact and gpu_layers > 0:
         raise UsageError("--exact runs the target on the CPU (GPU kernels differ by batch size too): drop --gpu-layers")

@@ -49,7 +49,7 @@ def run(
 ) -> None:
     """Generate a reply to a prompt (and piped stdin), streaming plain text to stdout."""
     params = o.sampling_params(temp, top_k, top_p, min_p, seed)
-    o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers)
+    o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers, gpu_layers_draft)
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     colour = use_colour(color, sys.stdout) and not as_json
     text = c.read_prompt(prompt)

@@ -36,7 +36,7 @@ def serve(
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn's log level: warning, info (one line per request), debug.")] = "warning",
 ) -> None:
     """Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health)."""
-    o.check_common(1, ctx_size, threads, exact, gpu_layers)
+    o.check_common(1, ctx_size, threads, exact, gpu_layers, gpu_layers_draft)
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {port}")
     if queue_size < 1:
