@@ -26,8 +26,10 @@ def open_engine(
     gpu_layers: int,
     gpu_layers_draft: int,
     exact: bool = False,
+    announce: bool | None = None,
 ) -> Engine:
-    """Resolve names to verified files (downloading when needed) and load them."""
+    """Resolve names to verified files (downloading when needed) and load them; with `--spec auto`,
+    measure the cost curve if none is cached, saying so (`announce`; default: where stderr is a terminal)."""
     spec = spec.validate()
     reg = catalog.load_registry()
     model = model or catalog.default_preset(reg).name
@@ -46,7 +48,7 @@ def open_engine(
     draft_options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers_draft)
     engine = Engine(ModelPaths(target_path, draft_path), spec, options, draft_options, catalog.cache_dir() / "costs.json")
     if spec.strategy == "auto":
-        cost_curve(engine, announce=sys.stderr.isatty())
+        cost_curve(engine, announce=sys.stderr.isatty() if announce is None else announce)
     return engine
 
 

@@ -47,7 +47,8 @@ def serve(
     except ImportError as exc:
         raise SpecllmError(f'`specllm serve` needs the server extra ({exc.name} is missing): pip install "specllm[server]"') from None
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
-    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact)
+    # a server's log says why it is not listening yet, a terminal or not
+    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, announce=True)
     model_id = _model_id(model)
     service = Service(engine, model_id, queue_size, aliases=_aliases(model_id))
 
