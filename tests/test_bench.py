@@ -70,7 +70,7 @@ def test_warm_runs_reuse_decoders():
 
 
 def _run(prompt, strategy, tokens, seconds, drafted=0, accepted=0, passes=None, draft_seconds=0.0, prompt_tokens=None, model_seconds=0.0):
-    stats = Stats(tokens=len(tokens), seconds=seconds, target_passes=passes or len(tokens), drafted=drafted, accepted=accepted, draft_seconds=draft_seconds)
+    stats = Stats(tokens=len(tokens), committed=len(tokens), seconds=seconds, target_passes=passes or len(tokens), drafted=drafted, accepted=accepted, draft_seconds=draft_seconds)
     stats.model_seconds = model_seconds
     if drafted:
         stats.by_source["ngram"] = SourceStats(steps=passes, drafted=drafted, accepted=accepted)

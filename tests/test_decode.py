@@ -97,6 +97,21 @@ def test_drafts_are_accepted_when_draft_equals_target():
     assert stats.mean_accepted_length == 5.0
 
 
+def test_plain_decoding_commits_one_token_a_pass_the_end_token_included(virtual_clock):
+    """The pass that chooses the end of the generation is paid and counted with its token: plain
+    decoding shows 1.00 token a pass, not tokens / (tokens + 1)."""
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    decoder = Decoder(_target(5, clock=virtual_clock, eog=4), None)
+    ended = 0
+    for seed in range(20):
+        stats = Stats()
+        for event in decoder.generate([1, 2, 3], 12, params, np.random.default_rng(seed)):
+            stats.update(event)
+        ended += stats.finish_reason == "stop"
+        assert stats.mean_accepted_length == 1.0 and stats.target_passes == stats.tokens + (stats.finish_reason == "stop")
+    assert ended >= 5
+
+
 def _exact_distribution(seed, prompt, length, params, v=8):
     truth = FakeBackend(n_vocab=v, seed=seed)
     dist = {}

@@ -157,7 +157,7 @@ def _time_split(total: Stats) -> dict[str, float]:
 
 
 def _merge(total: Stats, part: Stats) -> None:
-    for name in ("prompt_tokens", "prefill_seconds", "tokens", "target_passes", "drafted", "accepted", "seconds", "draft_seconds", "model_seconds", "verify_seconds"):
+    for name in ("prompt_tokens", "prefill_seconds", "tokens", "committed", "target_passes", "drafted", "accepted", "seconds", "draft_seconds", "model_seconds", "verify_seconds"):
         setattr(total, name, getattr(total, name) + getattr(part, name))
     for name, source in part.by_source.items():
         mine = total.by_source.setdefault(name, type(source)())

@@ -25,6 +25,7 @@ class Stats:
     reused_tokens: int = 0
     prefill_seconds: float = 0.0
     tokens: int = 0  # generated tokens committed
+    committed: int = 0  # tokens the passes chose: the generated ones and an end-of-generation token
     target_passes: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -52,6 +53,7 @@ class Stats:
 
     def _step(self, step: StepDone) -> None:
         self.target_passes += 1
+        self.committed += step.committed
         self.seconds += step.seconds
         self.draft_seconds += step.draft_seconds
         self.model_seconds += step.model_seconds
@@ -77,8 +79,9 @@ class Stats:
 
     @property
     def mean_accepted_length(self) -> float:
-        """Tokens committed per target verify pass (1.0 for plain decoding)."""
-        return self.tokens / self.target_passes if self.target_passes else 0.0
+        """Tokens committed per target verify pass (1.0 for plain decoding: the pass that chose the end
+        of the generation counts its token, not only its time)."""
+        return self.committed / self.target_passes if self.target_passes else 0.0
 
     @property
     def tok_per_s(self) -> float:
