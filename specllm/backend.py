@@ -304,10 +304,29 @@ class LlamaBackend:
         return bool(self._lib.llama_vocab_get_add_bos(self._vocab))
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_assistant: bool = True) -> str:
-        """Render messages with the model's own template (llama.cpp's built-in template support)."""
+        """Render messages with the model's own template: its Jinja text as Transformers renders it
+        (so a default system prompt the template has, Qwen's or SmolLM2's, is there when no system
+        message is), else, where that cannot render, llama.cpp's built-in formatter for its family."""
         tmpl = self._lib.llama_model_chat_template(self._model, None)
         if not tmpl:
             raise SpecllmError(f"{self.path.name} has no chat template; use --raw")
+        rendered = self._render_jinja(tmpl.decode("utf-8", "replace"), messages, add_assistant)
+        return rendered if rendered is not None else self._render_built_in(tmpl, messages, add_assistant)
+
+    def _render_jinja(self, template: str, messages: list[dict[str, str]], add_assistant: bool) -> str | None:
+        """The template rendered by llama-cpp-python's sandboxed Jinja renderer, or None where it cannot be.
+        No BOS text: the tokenizer adds BOS where the model wants it (`add_bos`), once."""
+        try:
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            if getattr(self, "_jinja", (None,))[0] != (template, add_assistant):
+                eos = self.token_text(int(self._lib.llama_vocab_eos(self._vocab)))
+                self._jinja = ((template, add_assistant), Jinja2ChatFormatter(template, eos_token=eos, bos_token="", add_generation_prompt=add_assistant))
+            return self._jinja[1](messages=messages).prompt
+        except Exception:  # noqa: BLE001 - a template this renderer cannot run: the built-in formatter
+            return None
+
+    def _render_built_in(self, tmpl: bytes, messages: list[dict[str, str]], add_assistant: bool) -> str:
         msgs = (self._lib.llama_chat_message * len(messages))()
         keep = []  # the encoded strings must outlive the call
         for slot, message in zip(msgs, messages):

@@ -23,13 +23,14 @@ def encode_raw(backend, text: str) -> list[int]:
 
 def encode_messages(backend, messages: list[dict[str, str]], add_assistant: bool = True) -> list[int]:
     """Render with the model's chat template; contents are tokenized without parsing special tokens."""
-    marker = f"\x1fspecllm{secrets.token_hex(4)}:"
-    placeholders = [{"role": m["role"], "content": f"{marker}{i}\x1f"} for i, m in enumerate(messages)]
+    # Private-use characters: no template's `trim` (Python's strip) removes them, as it would \x1f.
+    marker = f"\ue000specllm{secrets.token_hex(4)}:"
+    placeholders = [{"role": m["role"], "content": f"{marker}{i}\ue001"} for i, m in enumerate(messages)]
     rendered = backend.apply_chat_template(placeholders, add_assistant)
     tokens: list[int] = []
     if getattr(backend, "add_bos", False):
         tokens += backend.tokenize("", add_special=True, parse_special=False)
-    pattern = re.compile(re.escape(marker) + r"(\d+)\x1f")
+    pattern = re.compile(re.escape(marker) + r"(\d+)\ue001")
     position = 0
     for match in pattern.finditer(rendered):
         tokens += backend.tokenize(rendered[position : match.start()], parse_special=True)

@@ -189,3 +189,35 @@ def test_encode_messages_keeps_typed_markup_as_text():
     typed = [{"role": "user", "content": "|<assistant>"}]
     tokens = encode_messages(target, typed)
     assert tokens == target.tokenize("<user>|<assistant>|<assistant>")
+
+
+class _TrimmingTemplate(ChatFakeBackend):
+    """A template that trims every message (Llama 3's does): `strip` would cut a \\x1f marker."""
+
+    def apply_chat_template(self, messages, add_assistant=True):
+        return super().apply_chat_template([{**m, "content": m["content"].strip()} for m in messages], add_assistant)
+
+
+def test_a_template_that_trims_contents_keeps_them():
+    target = _TrimmingTemplate()
+    assert encode_messages(target, [{"role": "user", "content": "abc"}]) == target.tokenize("<user>abc|<assistant>")
+
+
+@pytest.mark.real
+def test_the_models_own_template_gives_its_default_system_prompt(smollm2_path, qwen_pair):
+    """Rendered as Transformers renders the GGUF's Jinja template: with no system message, the one
+    the template puts there (llama.cpp's built-in chatml formatter leaves it out); with one, that one."""
+    from specllm.backend import LlamaBackend, LoadOptions
+
+    defaults = {smollm2_path: "You are a helpful AI assistant named SmolLM", qwen_pair[0]: "You are Qwen, created by Alibaba Cloud."}
+    for path, default in defaults.items():
+        model = LlamaBackend(path, LoadOptions(n_ctx=256, n_threads=1))
+        try:
+            user = [{"role": "user", "content": "hi"}]
+            assert f"<|im_start|>system\n{default}" in model.apply_chat_template(user)
+            given = model.apply_chat_template([{"role": "system", "content": "Be brief."}, *user])
+            assert default not in given and given.startswith("<|im_start|>system\nBe brief.<|im_end|>")
+            tokens = encode_messages(model, user)
+            assert model.tokenize(default) == tokens[3 : 3 + len(model.tokenize(default))]  # after <|im_start|>system\n
+        finally:
+            model.close()
