@@ -123,6 +123,9 @@ def test_streamed_text_equals_the_whole_reply(tiny_server):
 def test_models_and_health(tiny_server):
     url, _ = tiny_server
     assert [m.id for m in client(url).models.list()] == ["tiny"]
+    assert client(url).models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client(url).models.retrieve("gpt-4o")
     status, body = raw(url, "GET", "/health")
     assert status == 200 and body["status"] == "ok" and body["model"] == "tiny"
 
@@ -406,6 +409,7 @@ def test_a_full_queue_answers_503_and_the_queued_requests_are_served_in_order(pa
     with pytest.raises(openai.InternalServerError) as refused:
         chat(url, "one too many", max_tokens=3)
     assert refused.value.status_code == 503 and "busy" in str(refused.value)
+    assert refused.value.response.headers["retry-after"] == "1"
     gate.set()
     first.join(WAIT)
     second.join(WAIT)

@@ -63,6 +63,12 @@ def create_app(service: Service) -> Starlette:
     async def models(request: HttpRequest):
         return JSONResponse(schema.models_list(service.model_id, service.created))
 
+    async def model(request: HttpRequest):  # the OpenAI client's `models.retrieve`
+        name = request.path_params["name"]
+        if name not in service.names:
+            raise ApiError(404, f"model {name!r} is not served here; this server serves {service.model_id!r}", "model", "model_not_found")
+        return JSONResponse(schema.model_object(name, service.created))
+
     async def health(request: HttpRequest):
         worker = service.worker
         status = "shutting down" if worker.closing.is_set() else "ok"
@@ -73,6 +79,7 @@ def create_app(service: Service) -> Starlette:
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]
     handlers = {HTTPException: _http_error, ApiError: _api_error, Exception: _internal_error}
@@ -183,12 +190,15 @@ class JobResponse:
 async def _send_json(send, status: int, body: dict) -> None:
     data = json.dumps(body, ensure_ascii=False).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    if status == 503:  # busy or shutting down, as `_api_error` says it
+        headers.append((b"retry-after", b"1"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
 async def _api_error(request, exc: ApiError):
-    return JSONResponse(exc.body(), status_code=exc.status)
+    headers = {"Retry-After": "1"} if exc.status == 503 else None  # busy or shutting down: a client may try again
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 async def _http_error(request, exc: HTTPException):

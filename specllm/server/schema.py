@@ -264,5 +264,9 @@ class Renderer:
         return {**self._head(obj), "choices": [], "usage": usage}
 
 
+def model_object(model_id: str, created: int) -> dict:
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "specllm"}
+
+
 def models_list(model_id: str, created: int) -> dict:
-    return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created, "owned_by": "specllm"}]}
+    return {"object": "list", "data": [model_object(model_id, created)]}
