@@ -325,8 +325,13 @@ def test_bench_plot_on_a_full_disk_is_one_error(tiny_pair, monkeypatch, isolated
     assert "specllm bench" in captured.out
 
 
-@pytest.mark.parametrize("sig, code, said, ended", [(signal.SIGINT, 130, "interrupted", "Interrupted."), (signal.SIGTERM, 143, "terminated", "Terminated.")], ids=["ctrl-c", "sigterm"])
-def test_signal_during_bench_writes_partial_results(tiny_pair, monkeypatch, tmp_path, isolated, capsys, sig, code, said, ended):
+@pytest.mark.parametrize(
+    "sig, code, said, ended, after",
+    [(signal.SIGINT, 130, "interrupted", "Interrupted.", 3), (signal.SIGTERM, 143, "terminated", "Terminated.", 3),
+     (signal.SIGINT, 130, "interrupted", "Interrupted.", 1)],  # fmt: skip
+    ids=["ctrl-c", "sigterm", "ctrl-c before any prompt is complete"],
+)
+def test_signal_during_bench_writes_partial_results(tiny_pair, monkeypatch, tmp_path, isolated, capsys, sig, code, said, ended, after):
     """A real SIGINT (or SIGTERM, which specllm's entry point handles itself) while bench is between
     its third and fourth run.
 
@@ -342,7 +347,7 @@ def test_signal_during_bench_writes_partial_results(tiny_pair, monkeypatch, tmp_
     def interrupted_after_three_runs(engine, workload, settings):
         for n, run in enumerate(real_run_bench(engine, workload, settings), 1):
             yield run
-            if n == 3:
+            if n == after:
                 signal.pthread_kill(threading.main_thread().ident, sig)  # a real Ctrl-C or kill
                 for _ in range(100):  # the handler runs at the next bytecode: this loop never ends normally
                     time.sleep(0.05)
@@ -356,9 +361,12 @@ def test_signal_during_bench_writes_partial_results(tiny_pair, monkeypatch, tmp_
         signal.signal(signal.SIGINT, previous)
     captured = capsys.readouterr()
     assert exit_code == code, captured.err
-    assert f"{said}: reporting the 3 of 8 runs that finished (partial)" in captured.err
+    assert f"{said}: reporting the {after} of 8 runs that finished (partial)" in captured.err
     assert captured.err.rstrip().endswith(ended)
     data = json.loads(report.read_text())
     assert data["partial"] is True
+    if after == 1:  # off alone finished a prompt: no ratio compares like with like, so no row
+        assert data["runs"] == [] and data["results"] == []
+        return
     assert len(data["runs"]) == 2 and {r["strategy"] for r in data["runs"]} == {"off", "ngram"}  # the complete prompt
     assert {r["strategy"] for r in data["results"]} == {"off", "ngram"}

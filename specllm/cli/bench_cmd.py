@@ -121,17 +121,16 @@ def _collect(engine, workload, settings):
         except (KeyboardInterrupt, Terminated) as stop:
             said = "terminated" if isinstance(stop, Terminated) else "interrupted"
             c.stderr.print(f"{said}: reporting the {len(runs)} of {total} runs that finished (partial)")
-            return _complete_prompts(runs), stop
+            return _complete_prompts(runs, settings.strategies), stop
     return runs, None
 
 
-def _complete_prompts(runs):
-    """Keep only prompts that every strategy finished, so ratios compare like with like."""
+def _complete_prompts(runs, strategies):
+    """Keep only prompts (and repeats) that every strategy finished, so ratios compare like with like."""
     done = {}
     for run in runs:
         done.setdefault((run.prompt.id, run.repeat), set()).add(run.strategy)
-    wanted = max((len(s) for s in done.values()), default=0)
-    return [r for r in runs if len(done[(r.prompt.id, r.repeat)]) == wanted]
+    return [r for r in runs if done[(r.prompt.id, r.repeat)] == set(strategies)]
 
 
 def _table(rows) -> Table:
