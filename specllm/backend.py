@@ -253,6 +253,7 @@ class LlamaBackend:
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.n_past = 0
         self._piece_cache: dict[int, bytes] = {}
+        self._formatters: dict[bool, object] = {}  # the chat template's Jinja renderer, by add_assistant
         self.exact_batch: int | None = None  # with exact kernels, the largest verification that keeps them
         if options.exact:
             try:
@@ -310,21 +311,26 @@ class LlamaBackend:
         tmpl = self._lib.llama_model_chat_template(self._model, None)
         if not tmpl:
             raise SpecllmError(f"{self.path.name} has no chat template; use --raw")
-        rendered = self._render_jinja(tmpl.decode("utf-8", "replace"), messages, add_assistant)
-        return rendered if rendered is not None else self._render_built_in(tmpl, messages, add_assistant)
-
-    def _render_jinja(self, template: str, messages: list[dict[str, str]], add_assistant: bool) -> str | None:
-        """The template rendered by llama-cpp-python's sandboxed Jinja renderer, or None where it cannot be.
-        No BOS text: the tokenizer adds BOS where the model wants it (`add_bos`), once."""
+        formatter = self._jinja(tmpl.decode("utf-8", "replace"), add_assistant)
         try:
-            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+            if formatter is not None:
+                return formatter(messages=messages).prompt
+        except Exception:  # noqa: BLE001 - a template this renderer cannot run on these messages
+            pass
+        return self._render_built_in(tmpl, messages, add_assistant)
 
-            if getattr(self, "_jinja", (None,))[0] != (template, add_assistant):
+    def _jinja(self, template: str, add_assistant: bool):
+        """llama-cpp-python's sandboxed Jinja renderer for the model's template (compiled once), or None
+        where it cannot compile it. No BOS text: the tokenizer adds BOS where the model wants it (`add_bos`), once."""
+        if add_assistant not in self._formatters:
+            try:
+                from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
                 eos = self.token_text(int(self._lib.llama_vocab_eos(self._vocab)))
-                self._jinja = ((template, add_assistant), Jinja2ChatFormatter(template, eos_token=eos, bos_token="", add_generation_prompt=add_assistant))
-            return self._jinja[1](messages=messages).prompt
-        except Exception:  # noqa: BLE001 - a template this renderer cannot run: the built-in formatter
-            return None
+                self._formatters[add_assistant] = Jinja2ChatFormatter(template, eos_token=eos, bos_token="", add_generation_prompt=add_assistant)
+            except Exception:  # noqa: BLE001 - no renderer here, or a template it cannot compile
+                self._formatters[add_assistant] = None
+        return self._formatters[add_assistant]
 
     def _render_built_in(self, tmpl: bytes, messages: list[dict[str, str]], add_assistant: bool) -> str:
         msgs = (self._lib.llama_chat_message * len(messages))()

@@ -39,6 +39,10 @@ class Service:
         self.created = int(time.time())
         self.worker = Worker(make_decoder or engine.decoder, queue_size)
 
+    def check_name(self, name: str) -> None:
+        if name not in self.names:
+            raise ApiError(404, f"model {name!r} is not served here; this server serves {self.model_id!r}", "model", "model_not_found")
+
     def encode(self, request: schema.Request) -> list[int]:
         target = self.engine.target
         if request.kind == "chat":
@@ -65,8 +69,7 @@ def create_app(service: Service) -> Starlette:
 
     async def model(request: HttpRequest):  # the OpenAI client's `models.retrieve`
         name = request.path_params["name"]
-        if name not in service.names:
-            raise ApiError(404, f"model {name!r} is not served here; this server serves {service.model_id!r}", "model", "model_not_found")
+        service.check_name(name)
         return JSONResponse(schema.model_object(name, service.created))
 
     async def health(request: HttpRequest):
@@ -94,9 +97,8 @@ async def _generate(service: Service, kind: str, http: HttpRequest):
     except RecursionError:
         raise ApiError(400, "the request body is not valid JSON here: nested too deeply") from None
     request = schema.parse(kind, body)
-    if request.model is not None and request.model not in service.names:
-        raise ApiError(404, f"model {request.model!r} is not served here; this server serves {service.model_id!r}",
-                       "model", "model_not_found")  # fmt: skip
+    if request.model is not None:
+        service.check_name(request.model)
     try:
         prompt = await run_in_threadpool(service.encode, request)
     except SpecllmError as exc:  # a template that cannot render these messages, say
@@ -190,15 +192,18 @@ class JobResponse:
 async def _send_json(send, status: int, body: dict) -> None:
     data = json.dumps(body, ensure_ascii=False).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-    if status == 503:  # busy or shutting down, as `_api_error` says it
-        headers.append((b"retry-after", b"1"))
+    headers += [(name.lower().encode(), value.encode()) for name, value in _retry_after(status).items()]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
 async def _api_error(request, exc: ApiError):
-    headers = {"Retry-After": "1"} if exc.status == 503 else None  # busy or shutting down: a client may try again
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=_retry_after(exc.status))
+
+
+def _retry_after(status: int) -> dict[str, str]:
+    """A 503 (busy or shutting down) tells the client it may try again."""
+    return {"Retry-After": "1"} if status == 503 else {}
 
 
 async def _http_error(request, exc: HTTPException):

@@ -105,13 +105,7 @@ class Worker:
     def _drop_left(self) -> None:
         """Take out the waiting jobs whose clients have left (answered, so their handlers end): their
         places go to those who ask now. In the loop's thread, the only one that adds jobs."""
-        waiting = []
-        while True:
-            try:
-                waiting.append(self.jobs.get_nowait())
-            except queue.Empty:
-                break
-        for job in waiting:
+        for job in self._take_waiting():
             if job is not None and job.cancelled.is_set():
                 job.post("error", LEFT)
             else:
@@ -136,13 +130,18 @@ class Worker:
             self._thread.join(timeout)
 
     def _drain(self) -> None:
-        while True:
-            try:
-                job = self.jobs.get_nowait()
-            except queue.Empty:
-                return
+        for job in self._take_waiting():
             if job is not None:
                 job.post("error", busy(SHUTTING_DOWN))
+
+    def _take_waiting(self) -> list[Job | None]:
+        """Every job in the queue, in order, taken out of it."""
+        waiting = []
+        while True:
+            try:
+                waiting.append(self.jobs.get_nowait())
+            except queue.Empty:
+                return waiting
 
     def _run(self) -> None:
         while True:
