@@ -304,6 +304,13 @@ class LlamaBackend:
     def add_bos(self) -> bool:
         return bool(self._lib.llama_vocab_get_add_bos(self._vocab))
 
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """The fill-in-the-middle tokens (prefix, suffix, middle) as llama.cpp finds them in the
+        vocabulary, or None where the model has none."""
+        lib, vocab = self._lib, self._vocab
+        tokens = (lib.llama_vocab_fim_pre(vocab), lib.llama_vocab_fim_suf(vocab), lib.llama_vocab_fim_mid(vocab))
+        return None if min(tokens) < 0 else tuple(int(t) for t in tokens)
+
     def apply_chat_template(self, messages: list[dict[str, str]], add_assistant: bool = True) -> str:
         """Render messages with the model's own template: its Jinja text as Transformers renders it
         (so a default system prompt the template has, Qwen's or SmolLM2's, is there when no system

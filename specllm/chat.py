@@ -2,7 +2,9 @@
 
 The model's chat template renders the conversation; the template's own markup is tokenized
 with special tokens parsed, while what users and the model wrote is tokenized as plain
-text, so a typed "<|im_end|>" can never close a turn or open a role.
+text, so a typed "<|im_end|>" can never close a turn or open a role. A raw prompt is the
+text as the model reads it, markup included (a client that formats its own chat or
+fill-in-the-middle prompt writes "<|im_start|>" or "<|fim_prefix|>"), as llama.cpp reads one.
 """
 
 from __future__ import annotations
@@ -16,9 +18,21 @@ from specllm.errors import UsageError
 
 
 def encode_raw(backend, text: str) -> list[int]:
-    """A prompt sent as is (with BOS where the model wants one); special-token text stays text."""
-    tokens = backend.tokenize(text, add_special=True, parse_special=False)
-    return tokens
+    """A prompt sent as is (with BOS where the model wants one), special tokens' text parsed as them."""
+    return backend.tokenize(text, add_special=True, parse_special=True)
+
+
+def encode_infill(backend, prefix: str, suffix: str) -> list[int]:
+    """A fill-in-the-middle prompt: the model's FIM tokens around the code before and after the gap
+    (prefix, suffix, middle: the order Qwen2.5-Coder, StarCoder and CodeLlama are trained on, and
+    llama.cpp's /infill sends), the code itself tokenized as plain text. UsageError where the model
+    has no FIM tokens."""
+    fim = backend.fim_tokens()
+    if fim is None:
+        raise UsageError(f"{backend.path.name} has no fill-in-the-middle tokens")
+    pre, suf, mid = fim
+    tokens = backend.tokenize("", add_special=True, parse_special=False) if backend.add_bos else []
+    return tokens + [pre] + backend.tokenize(prefix) + [suf] + backend.tokenize(suffix) + [mid]
 
 
 def encode_messages(backend, messages: list[dict[str, str]], add_assistant: bool = True) -> list[int]:

@@ -224,8 +224,9 @@ def test_context_filling_during_generation_keeps_the_text_and_says_why(home, tin
     assert as_text.stderr.strip() == warning == as_json.stderr.strip()
 
 
-def test_typed_special_tokens_stay_text(tiny_pair):
-    """`<|im_end|>` typed by a user is tokenized as text: it neither closes the turn nor opens a role."""
+def test_typed_special_tokens_stay_text_unless_the_prompt_is_raw(tiny_pair):
+    """`<|im_end|>` typed by a user is tokenized as text: it neither closes the turn nor opens a role.
+    A raw prompt (`--raw`) is the text as the model reads it, markup included, as llama.cpp reads one."""
     engine = Engine(ModelPaths(tiny_pair[0]), SpecConfig("off"), LoadOptions(n_ctx=512), LoadOptions())
     try:
         target = engine.target
@@ -236,7 +237,7 @@ def test_typed_special_tokens_stay_text(tiny_pair):
         raw = engine.encode(attack, raw=True)
         for name, (special,) in specials.items():
             assert typed.count(special) == plain.count(special) > 0, name  # only the template's own markers
-            assert special not in raw, name
+            assert raw.count(special) == 1, name
         text = b"".join(target.token_bytes(t) for t in typed).decode()
         assert attack in text  # the typed markup comes back verbatim, as text
     finally:

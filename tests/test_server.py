@@ -168,6 +168,18 @@ def test_text_completion_streaming_and_stop_strings(tiny_server):
         assert text == full.text[: full.text.find(stop)] and reason == "stop"
 
 
+def test_a_prompt_formatted_by_the_client_reads_as_the_servers_own_template(tiny_server):
+    """A client that formats its own chat (or fill-in-the-middle) prompt for /v1/completions writes the
+    model's special tokens as text; they are read as those tokens, as llama.cpp's servers read them."""
+    url, _ = tiny_server
+    api = client(url)
+    reply = chat(url, "Rename add to plus:\n" + CODE, max_tokens=16)
+    formatted = "<|im_start|>user\nRename add to plus:\n" + CODE + "<|im_end|>\n<|im_start|>assistant\n"  # tiny's ChatML
+    completion = api.completions.create(model="tiny", prompt=formatted, max_tokens=16, temperature=0)
+    assert completion.usage.prompt_tokens == reply.usage.prompt_tokens
+    assert completion.choices[0].text == reply.choices[0].message.content
+
+
 def test_stop_text_holds_back_a_possible_start_and_cuts_at_the_first_stop():
     cut = StopText(["END", "xy"])
     assert [cut.push(p) for p in ["ab", "cE", "N", "x", "q", "zE", "ND tail"]] == ["ab", "c", "", "EN", "xq", "z", ""]
@@ -313,6 +325,9 @@ BAD = {  # name: (path, body as sent, status, the param or code the error names)
     "missing prompt": ("/v1/completions", {"model": "tiny"}, 400, "prompt"),
     "prompt a batch": ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
     "token id out of range": ("/v1/completions", {"prompt": [1, 10**9]}, 400, "prompt"),
+    "suffix a number": ("/v1/completions", {"prompt": "def f(", "suffix": 3}, 400, "suffix"),
+    "suffix after token ids": ("/v1/completions", {"prompt": [1, 2], "suffix": "x"}, 400, "prompt"),
+    "suffix for a model without FIM tokens": ("/v1/completions", {"prompt": "def f(", "suffix": "):"}, 400, "suffix"),
 }
 
 
@@ -570,3 +585,23 @@ def test_streamed_chat_on_the_default_pair_equals_specllm_run(qwen_pair, qwen_en
                                                      max_tokens=32, temperature=0, stream=True)  # fmt: skip
         text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text == json.loads(run.stdout)["text"]
+
+
+@pytest.mark.real
+def test_a_completion_with_a_suffix_fills_the_middle_as_plain_decoding_does(qwen_engine):
+    """An editor's fill-in-the-middle request (`suffix`): the model's FIM tokens around the code, the
+    middle generated losslessly (the text of plain decoding on the same tokens)."""
+    prefix = "def area(width, height):\n    return width * height\n\n\ndef perimeter(width, height):\n    return "
+    suffix = "\n\n\nprint(area(2, 3), perimeter(2, 3))\n"
+    target = qwen_engine.target
+    pre, suf, mid = target.fim_tokens()
+    prompt = [pre] + target.tokenize(prefix) + [suf] + target.tokenize(suffix) + [mid]
+    plain = list(qwen_engine.decoder("off").generate(prompt, 16, SamplingParams(temperature=0.0), np.random.default_rng(0)))[-1]
+    with running(Service(qwen_engine, "qwen")) as url:
+        api = client(url)
+        answer = api.completions.create(model="qwen", prompt=prefix, suffix=suffix, max_tokens=16, temperature=0)
+        streamed = "".join(c.choices[0].text for c in api.completions.create(model="qwen", prompt=prefix, suffix=suffix, max_tokens=16,
+                                                                             temperature=0, stream=True) if c.choices)  # fmt: skip
+    assert answer.usage.prompt_tokens == len(prompt)
+    assert answer.choices[0].text == streamed == plain.text
+    assert "width + height" in answer.choices[0].text and answer.choices[0].finish_reason == "stop"  # the middle, then the end token

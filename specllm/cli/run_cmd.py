@@ -41,7 +41,7 @@ def run(
     gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
     exact: o.Exact = o.LOAD.exact,
     system: o.System = None,
-    raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
+    raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template (special tokens written in it read as such).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead of the text.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No statistics on stderr.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Closing statistics on stderr even when it is not a terminal.")] = False,

@@ -19,7 +19,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from specllm.chat import encode_messages, encode_raw
+from specllm.chat import encode_infill, encode_messages, encode_raw
 from specllm.engine.decode import Decoder
 from specllm.errors import SpecllmError
 from specllm.server import schema
@@ -47,6 +47,8 @@ class Service:
         target = self.engine.target
         if request.kind == "chat":
             return encode_messages(target, request.messages)
+        if request.suffix is not None:
+            return encode_infill(target, request.prompt, request.suffix)
         if isinstance(request.prompt, list):
             if not all(0 <= t < target.n_vocab for t in request.prompt):
                 raise ApiError(400, f"token ids must be between 0 and {target.n_vocab - 1}", "prompt")
@@ -101,8 +103,8 @@ async def _generate(service: Service, kind: str, http: HttpRequest):
         service.check_name(request.model)
     try:
         prompt = await run_in_threadpool(service.encode, request)
-    except SpecllmError as exc:  # a template that cannot render these messages, say
-        raise ApiError(400, str(exc), "messages" if kind == "chat" else "prompt") from None
+    except SpecllmError as exc:  # a template that cannot render these messages, a model without FIM tokens
+        raise ApiError(400, str(exc), "messages" if kind == "chat" else "suffix" if request.suffix is not None else "prompt") from None
     if not prompt:
         raise ApiError(400, "the prompt is empty", "prompt")
     max_tokens = schema.check_length(request, len(prompt), service.engine.target.n_ctx)

@@ -45,17 +45,19 @@ class Request:
     stream: bool = False
     include_usage: bool = False
     model: str | None = None
+    suffix: str | None = None  # completion: the text after the gap, for fill-in-the-middle
 
 
 def parse(kind: str, body: object) -> Request:
     """A request body (already JSON-decoded) checked field by field."""
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {_type(body)}")
-    messages = prompt = None
+    messages = prompt = suffix = None
     if kind == "chat":
         messages = _messages(_required(body, "messages"))
     else:
-        prompt = _prompt(_required(body, "prompt"))
+        suffix = _get(body, "suffix", str, None)
+        prompt = _prompt(_required(body, "prompt"), infill=suffix is not None)
     n = _get(body, "n", int, 1)
     if n != 1:
         raise ApiError(400, f"only n=1 is supported, got {n}", "n")
@@ -76,6 +78,7 @@ def parse(kind: str, body: object) -> Request:
         _get(body, "stream", bool, False),
         bool(stream_options.get("include_usage")),
         _get(body, "model", str, None),
+        suffix,
     )
 
 
@@ -145,13 +148,16 @@ def _content(value, role: str, param: str) -> str:
     raise ApiError(400, f"{param} must be a string or an array of text parts, got {_type(value)}", param)
 
 
-def _prompt(value) -> str | list[int]:
+def _prompt(value, infill: bool) -> str | list[int]:
+    """A completion's prompt; with a `suffix` (`infill`), the text before the gap: text, and it may be empty."""
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
         value = value[0]
     if isinstance(value, str):
-        if not value:
+        if not value and not infill:
             raise ApiError(400, "'prompt' is empty", "prompt")
         return value
+    if infill:
+        raise ApiError(400, "with a 'suffix', 'prompt' must be the text before the gap", "prompt")
     if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         return list(value)
     raise ApiError(400, "'prompt' must be a non-empty string (or one array of token ids); batches are not supported", "prompt")
