@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from specllm.chat import ChatTemplate
 from specllm.engine.protocol import Backend  # noqa: F401 - the protocol this module implements
 from specllm.errors import SpecllmError
 
@@ -253,7 +254,7 @@ class LlamaBackend:
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.n_past = 0
         self._piece_cache: dict[int, bytes] = {}
-        self._formatters: dict[bool, object] = {}  # the chat template's Jinja renderer, by add_assistant
+        self._chat_template: ChatTemplate | None | bool = False  # compiled at first use (None: it cannot be)
         self.exact_batch: int | None = None  # with exact kernels, the largest verification that keeps them
         if options.exact:
             try:
@@ -311,33 +312,41 @@ class LlamaBackend:
         tokens = (lib.llama_vocab_fim_pre(vocab), lib.llama_vocab_fim_suf(vocab), lib.llama_vocab_fim_mid(vocab))
         return None if min(tokens) < 0 else tuple(int(t) for t in tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_assistant: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_assistant: bool = True, tools: list[dict] | None = None) -> str:
         """Render messages with the model's own template: its Jinja text as Transformers renders it
         (so a default system prompt the template has, Qwen's or SmolLM2's, is there when no system
-        message is), else, where that cannot render, llama.cpp's built-in formatter for its family."""
+        message is), else, where that cannot render, llama.cpp's built-in formatter for its family.
+        `tools` (OpenAI's function definitions) only where the Jinja template takes them."""
+        template = self.chat_template()
+        if tools:
+            if template is None or not template.takes_tools:
+                raise SpecllmError(f"the chat template of {self.path.name} does not take tools")
+            try:
+                return template.render(messages, add_assistant, tools)
+            except Exception as exc:  # noqa: BLE001 - the template refused these messages
+                raise SpecllmError(f"the chat template of {self.path.name} cannot render these messages: {exc}") from None
+        try:
+            if template is not None:
+                return template.render(messages, add_assistant)
+        except Exception:  # noqa: BLE001 - a template this renderer cannot run on these messages
+            pass
+        return self._render_built_in(self._template_text(), messages, add_assistant)
+
+    def chat_template(self) -> ChatTemplate | None:
+        """The model's Jinja chat template, compiled once, or None where it cannot be compiled."""
+        if self._chat_template is False:
+            try:
+                eos = self.token_text(int(self._lib.llama_vocab_eos(self._vocab)))
+                self._chat_template = ChatTemplate(self._template_text().decode("utf-8", "replace"), eos)
+            except Exception:  # noqa: BLE001 - no renderer here, or a template it cannot compile
+                self._chat_template = None
+        return self._chat_template
+
+    def _template_text(self) -> bytes:
         tmpl = self._lib.llama_model_chat_template(self._model, None)
         if not tmpl:
             raise SpecllmError(f"{self.path.name} has no chat template; use --raw")
-        formatter = self._jinja(tmpl.decode("utf-8", "replace"), add_assistant)
-        try:
-            if formatter is not None:
-                return formatter(messages=messages).prompt
-        except Exception:  # noqa: BLE001 - a template this renderer cannot run on these messages
-            pass
-        return self._render_built_in(tmpl, messages, add_assistant)
-
-    def _jinja(self, template: str, add_assistant: bool):
-        """llama-cpp-python's sandboxed Jinja renderer for the model's template (compiled once), or None
-        where it cannot compile it. No BOS text: the tokenizer adds BOS where the model wants it (`add_bos`), once."""
-        if add_assistant not in self._formatters:
-            try:
-                from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-                eos = self.token_text(int(self._lib.llama_vocab_eos(self._vocab)))
-                self._formatters[add_assistant] = Jinja2ChatFormatter(template, eos_token=eos, bos_token="", add_generation_prompt=add_assistant)
-            except Exception:  # noqa: BLE001 - no renderer here, or a template it cannot compile
-                self._formatters[add_assistant] = None
-        return self._formatters[add_assistant]
+        return tmpl
 
     def _render_built_in(self, tmpl: bytes, messages: list[dict[str, str]], add_assistant: bool) -> str:
         msgs = (self._lib.llama_chat_message * len(messages))()

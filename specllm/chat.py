@@ -9,9 +9,11 @@ fill-in-the-middle prompt writes "<|im_start|>" or "<|fim_prefix|>"), as llama.c
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 from specllm.engine.sampling import SamplingParams
 from specllm.errors import UsageError
@@ -35,12 +37,19 @@ def encode_infill(backend, prefix: str, suffix: str) -> list[int]:
     return tokens + [pre] + backend.tokenize(prefix) + [suf] + backend.tokenize(suffix) + [mid]
 
 
-def encode_messages(backend, messages: list[dict[str, str]], add_assistant: bool = True) -> list[int]:
-    """Render with the model's chat template; contents are tokenized without parsing special tokens."""
+def encode_messages(backend, messages: list[dict], add_assistant: bool = True, tools: list[dict] | None = None, prefill: str = "") -> list[int]:
+    """Render with the model's chat template; contents are tokenized without parsing special tokens.
+    `tools` (OpenAI's function definitions) go to the template; `prefill` is markup the answer
+    starts with (a tool call's opening, where one is required)."""
     # Private-use characters: no template's `trim` (Python's strip) removes them, as it would \x1f.
     marker = f"\ue000specllm{secrets.token_hex(4)}:"
-    placeholders = [{"role": m["role"], "content": f"{marker}{i}\ue001"} for i, m in enumerate(messages)]
-    rendered = backend.apply_chat_template(placeholders, add_assistant)
+    # an empty content stays empty: templates test it ("if message.content")
+    placeholders = [{**m, "content": f"{marker}{i}\ue001"} if m.get("content") else m for i, m in enumerate(messages)]
+    if tools:
+        rendered = backend.apply_chat_template(placeholders, add_assistant, tools=tools)
+    else:
+        rendered = backend.apply_chat_template(placeholders, add_assistant)
+    rendered += prefill
     tokens: list[int] = []
     if getattr(backend, "add_bos", False):
         tokens += backend.tokenize("", add_special=True, parse_special=False)
@@ -52,6 +61,38 @@ def encode_messages(backend, messages: list[dict[str, str]], add_assistant: bool
         position = match.end()
     tokens += backend.tokenize(rendered[position:], parse_special=True)
     return tokens
+
+
+class ChatTemplate:
+    """A model's Jinja chat template, rendered as Transformers renders it: sandboxed, `tojson` keeping
+    key order and non-ASCII text, `raise_exception` and `strftime_now` at hand. No BOS text: the
+    tokenizer adds BOS where the model wants it, once."""
+
+    def __init__(self, text: str, eos_token: str):
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self._template = env.from_string(text)  # jinja2.TemplateError where it cannot compile
+        self.eos_token = eos_token
+        self.takes_tools = "tools" in text
+        self.writes_tool_call_tags = "<tool_call>" in text  # Qwen2.5's and Hermes' format
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+        return self._template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, bos_token="", eos_token=self.eos_token)
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise_exception(message: str):
+    from jinja2 import TemplateError
+
+    raise TemplateError(message)
 
 
 @dataclass

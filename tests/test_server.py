@@ -371,7 +371,7 @@ def test_the_openai_client_sees_the_errors_as_its_own_exceptions(tiny_server):
     with pytest.raises(openai.BadRequestError, match="max_tokens must be at least 1"):
         api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=0)
     with pytest.raises(openai.BadRequestError, match="role must be one of"):
-        api.chat.completions.create(model="tiny", messages=[{"role": "tool", "content": "hi"}])
+        api.chat.completions.create(model="tiny", messages=[{"role": "robot", "content": "hi"}])
     with pytest.raises(openai.NotFoundError, match="not served here"):
         api.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
     assert chat(url, "hi", max_tokens=2).choices[0].message.content is not None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gguf
@@ -190,6 +190,7 @@ def write_tiny_gguf(
     token_edits: dict[int, str] | None = None,
     architecture: str = "llama",
     n_ctx_train: int = 2048,
+    chat_template: str | None = None,
 ) -> Path:
     """Write a llama-architecture GGUF with f32 weights drawn from `numpy.random.default_rng(seed)`.
 
@@ -197,10 +198,13 @@ def write_tiny_gguf(
     a draft model that mostly agrees with its target but not exactly. `drop_last_tokens` cuts
     the vocabulary (and the merges producing the cut tokens), and `token_edits` (id -> text)
     renames tokens, for vocabulary-mismatch tests. The tokenizer is `tiny_tokenizer()` unless
-    `tokenizer_from` names a GGUF to copy it from.
+    `tokenizer_from` names a GGUF to copy it from; `chat_template` replaces its chat template.
     """
     path = Path(path)
     tok = tiny_tokenizer() if tokenizer_from is None else read_tokenizer(str(tokenizer_from))
+    if chat_template is not None:
+        scalars = tuple((key, kind, chat_template if key == "tokenizer.chat_template" else value) for key, kind, value in tok.scalars)
+        tok = replace(tok, scalars=scalars)
     n_vocab = len(tok.tokens) - drop_last_tokens
     shapes = _tensor_shapes(n_layers, width, n_ff, n_vocab)
     weights = _weights(shapes, seed)

@@ -22,7 +22,7 @@ from starlette.routing import Route
 from specllm.chat import encode_infill, encode_messages, encode_raw
 from specllm.engine.decode import Decoder
 from specllm.errors import SpecllmError
-from specllm.server import schema
+from specllm.server import schema, tools
 from specllm.server.schema import ApiError, Renderer
 from specllm.server.worker import Job, Result, Worker
 
@@ -46,7 +46,12 @@ class Service:
     def encode(self, request: schema.Request) -> list[int]:
         target = self.engine.target
         if request.kind == "chat":
-            return encode_messages(target, request.messages)
+            if request.tools:
+                template = target.chat_template()
+                if template is not None and template.takes_tools and not template.writes_tool_call_tags:
+                    raise ApiError(400, f"the chat template of {target.path.name} writes tool calls in a format specllm does not read "
+                                   "(it reads <tool_call> tags, as Qwen2.5's and Hermes' templates write them)", "tools")  # fmt: skip
+            return encode_messages(target, request.messages, tools=request.tools, prefill=tools.prefill(request.tool_choice) if request.tools else "")
         if request.suffix is not None:
             return encode_infill(target, request.prompt, request.suffix)
         if isinstance(request.prompt, list):
@@ -104,7 +109,8 @@ async def _generate(service: Service, kind: str, http: HttpRequest):
     try:
         prompt = await run_in_threadpool(service.encode, request)
     except SpecllmError as exc:  # a template that cannot render these messages, a model without FIM tokens
-        raise ApiError(400, str(exc), "messages" if kind == "chat" else "suffix" if request.suffix is not None else "prompt") from None
+        param = ("tools" if request.tools else "messages") if kind == "chat" else "suffix" if request.suffix is not None else "prompt"
+        raise ApiError(400, str(exc), param) from None
     if not prompt:
         raise ApiError(400, "the prompt is empty", "prompt")
     max_tokens = schema.check_length(request, len(prompt), service.engine.target.n_ctx)
@@ -126,6 +132,8 @@ class JobResponse:
 
     def __init__(self, job: Job, events: asyncio.Queue, request: schema.Request, render: Renderer, strategy: str):
         self.job, self.events, self.request, self.render, self.strategy = job, events, request, render, strategy
+        self.prefill = tools.prefill(request.tool_choice) if request.tools else ""  # a required call's opening, in the prompt
+        self.tool_names = [tool["function"]["name"] for tool in request.tools or []]
 
     async def __call__(self, scope, receive, send) -> None:
         watcher = asyncio.ensure_future(self._watch(receive))
@@ -157,7 +165,11 @@ class JobResponse:
             elif kind == "error":
                 return await _send_json(send, payload.status, payload.body())
             elif kind == "done":
-                body = self.render.whole("".join(pieces), self._reason(payload), schema.usage(payload.stats, self.strategy))
+                text, reason, calls = "".join(pieces), self._reason(payload), None
+                if self.request.tools:
+                    text, found = tools.split(self.prefill + text, self.tool_names)
+                    calls, reason = ([call.wire() for call in found], "tool_calls") if found else (None, reason)
+                body = self.render.whole(text, reason, schema.usage(payload.stats, self.strategy), calls)
                 return await _send_json(send, 200, body)
 
     async def _stream(self, send) -> None:
@@ -165,16 +177,26 @@ class JobResponse:
                    (b"x-accel-buffering", b"no")]  # fmt: skip
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await self._event(send, self.render.chunk(None, first=True) if self.request.kind == "chat" else None)
+        content = tools.ContentText(self.prefill) if self.request.tools else None  # text before a tool call
         while True:
             kind, payload = await self.events.get()
             if kind == "text":
-                await self._event(send, self.render.chunk(payload))
+                piece = content.push(payload) if content else payload
+                if piece:
+                    await self._event(send, self.render.chunk(piece))
             elif kind == "error":
                 await self._event(send, payload.body())
                 break
             elif kind == "done":
-                usage = schema.usage(payload.stats, self.strategy)
-                await self._event(send, self.render.chunk(None, self._reason(payload), usage))
+                usage, reason = schema.usage(payload.stats, self.strategy), self._reason(payload)
+                if content is not None:
+                    _, found = tools.split(content.text, self.tool_names)
+                    if found:
+                        await self._event(send, self.render.chunk(None, tool_calls=[call.wire(i) for i, call in enumerate(found)]))
+                        reason = "tool_calls"
+                    elif content.held():
+                        await self._event(send, self.render.chunk(content.held()))
+                await self._event(send, self.render.chunk(None, reason, usage))
                 if self.request.include_usage:
                     await self._event(send, self.render.usage_chunk(usage))
                 break

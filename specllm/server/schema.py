@@ -6,6 +6,7 @@ OpenAI's clients expect (`{"error": {"message", "type", "param", "code"}}`).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -14,7 +15,8 @@ from dataclasses import dataclass, field
 from specllm.engine.sampling import SamplingParams
 from specllm.engine.stats import Stats
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+TOOL_CHOICES = ("none", "auto", "required")
 MAX_STOPS = 4  # as OpenAI allows
 COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's; chat runs to the context's end
 DEFAULTS = SamplingParams()  # a field left out takes specllm's default, as llama.cpp's server does
@@ -37,7 +39,7 @@ def busy(message: str) -> ApiError:
 @dataclass(frozen=True)
 class Request:
     kind: str  # "chat" or "completion"
-    messages: list[dict[str, str]] | None  # chat: roles mapped to the template's (developer -> system)
+    messages: list[dict] | None  # chat: roles mapped to the template's (developer -> system); tool calls' arguments as objects
     prompt: str | list[int] | None  # completion: text, or token ids
     max_tokens: int | None  # None: as many as the context holds (chat)
     params: SamplingParams
@@ -46,15 +48,19 @@ class Request:
     include_usage: bool = False
     model: str | None = None
     suffix: str | None = None  # completion: the text after the gap, for fill-in-the-middle
+    tools: list[dict] | None = None  # chat: function definitions for the template (None: none, or tool_choice "none")
+    tool_choice: str | dict = "auto"  # "auto", "required", or {"type": "function", "function": {"name": ...}}
 
 
 def parse(kind: str, body: object) -> Request:
     """A request body (already JSON-decoded) checked field by field."""
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {_type(body)}")
-    messages = prompt = suffix = None
+    messages = prompt = suffix = tools = None
+    tool_choice = "auto"
     if kind == "chat":
         messages = _messages(_required(body, "messages"))
+        tools, tool_choice = _tools(body)
     else:
         suffix = _get(body, "suffix", str, None)
         prompt = _prompt(_required(body, "prompt"), infill=suffix is not None)
@@ -79,6 +85,8 @@ def parse(kind: str, body: object) -> Request:
         bool(stream_options.get("include_usage")),
         _get(body, "model", str, None),
         suffix,
+        tools,
+        tool_choice,
     )
 
 
@@ -117,7 +125,7 @@ def _get(body: dict, name: str, kind: type, default):
     return value
 
 
-def _messages(value) -> list[dict[str, str]]:
+def _messages(value) -> list[dict]:
     if not isinstance(value, list) or not value:
         raise ApiError(400, "'messages' must be a non-empty array of messages", "messages")
     out = []
@@ -129,8 +137,61 @@ def _messages(value) -> list[dict[str, str]]:
         if role not in ROLES:
             known = ", ".join(ROLES)
             raise ApiError(400, f"{param}.role must be one of {known}, got {role!r}", f"{param}.role")
-        out.append({"role": ROLES[role], "content": _content(message.get("content"), role, f"{param}.content")})
+        calls = message.get("tool_calls") if role == "assistant" else None
+        content = _content(message.get("content"), "assistant" if calls else role, f"{param}.content")
+        entry = {"role": ROLES[role], "content": content}
+        if calls:
+            entry["tool_calls"] = _tool_calls(calls, f"{param}.tool_calls")
+        if role == "tool" and isinstance(message.get("tool_call_id"), str):
+            entry["tool_call_id"] = message["tool_call_id"]
+        out.append(entry)
     return out
+
+
+def _tool_calls(value, param: str) -> list[dict]:
+    """An assistant's earlier calls, for the template: arguments as the object they encode (as
+    Transformers' templates expect them), where they are JSON."""
+    if not isinstance(value, list):
+        raise ApiError(400, f"{param} must be an array of tool calls", param)
+    calls = []
+    for i, call in enumerate(value):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ApiError(400, f"{param}[{i}] must be a function call with a name", f"{param}[{i}]")
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError:
+                pass  # sent on as the text it is
+        calls.append({"id": call.get("id"), "type": "function", "function": {"name": function["name"], "arguments": arguments}})
+    return calls
+
+
+def _tools(body: dict) -> tuple[list[dict] | None, str | dict]:
+    """The function definitions and how they may be called; no tools where `tool_choice` is "none"."""
+    tools = body.get("tools")
+    if tools is None or tools == []:
+        tools = None
+    elif not isinstance(tools, list):
+        raise ApiError(400, "'tools' must be an array of function definitions", "tools")
+    names = []
+    for i, tool in enumerate(tools or []):
+        function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise ApiError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", f"tools[{i}]")
+        names.append(function["name"])
+    choice = body.get("tool_choice", "auto")
+    if isinstance(choice, dict):
+        function = choice.get("function") if choice.get("type") == "function" else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if name not in names:
+            raise ApiError(400, f"'tool_choice' must name one of the tools ({', '.join(names) or 'none given'})", "tool_choice")
+    elif choice not in TOOL_CHOICES:
+        raise ApiError(400, f"'tool_choice' must be one of {', '.join(TOOL_CHOICES)} or a named function", "tool_choice")
+    elif choice == "required" and not tools:
+        raise ApiError(400, "'tool_choice' is required but no tools were given", "tool_choice")
+    return (None if choice == "none" else tools), choice
 
 
 def _content(value, role: str, param: str) -> str:
@@ -245,16 +306,20 @@ class Renderer:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, reason: str, usage: dict) -> dict:
+    def whole(self, text: str | None, reason: str, usage: dict, tool_calls: list[dict] | None = None) -> dict:
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
+            message = {"role": "assistant", "content": text, **({"tool_calls": tool_calls} if tool_calls else {})}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
             return {**self._head("chat.completion"), "choices": [choice], "usage": usage}
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
         return {**self._head("text_completion"), "choices": [choice], "usage": usage}
 
-    def chunk(self, text: str | None, reason: str | None = None, usage: dict | None = None, first: bool = False) -> dict:
+    def chunk(self, text: str | None, reason: str | None = None, usage: dict | None = None, first: bool = False,
+              tool_calls: list[dict] | None = None) -> dict:  # fmt: skip
         if self.kind == "chat":
             delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
+            if tool_calls:
+                delta = {"tool_calls": tool_calls}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
             out = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:

@@ -1,0 +1,240 @@
+"""Tool calls through `specllm serve`: what a model writes read as OpenAI's `tool_calls`, streamed and
+whole alike; the request's tools in the model's own template; one agent turn on the default pair.
+
+The HTTP tests run a tiny model whose template takes tools, with a decoder that writes a script
+(what a model would write; the tiny model's own text is noise), so that each way of writing a call
+is checked end to end in the fast tier; the real test lets Qwen2.5-Coder 1.5B write its own.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import openai
+import pytest
+
+from specllm.engine.decode import Done, PrefillDone, StepDone, TokenCommitted
+from specllm.server import tools
+from specllm.server.app import Service
+from specllm.session import Engine, ModelPaths, SpecConfig
+from tests.test_server import TINY, client, raw, running
+from tests.tiny_gguf import write_tiny_gguf
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+
+# As Qwen2.5's template, shortened: the tools in the system turn, earlier calls in <tool_call> tags, results in user turns.
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools><|im_end|>\n{% endif %}"
+    "{% for message in messages %}{% if message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n"
+    "</tool_response><|im_end|>\n{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}{% for call in message.tool_calls or [] %}"
+    '\n<tool_call>\n{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}\n</tool_call>'
+    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+# -- reading calls out of text -------------------------------------------------------------------
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+PARIS = tools.ToolCall("get_weather", '{"city": "Paris"}')
+NAMES = ["get_weather", "get_time"]
+TEXTS = {  # what a model writes -> (content, calls)
+    "a call in tags": (CALL, (None, [PARIS])),
+    "words, then two calls": (
+        "Let me look.\n" + CALL + "\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>",
+        ("Let me look.", [PARIS, tools.ToolCall("get_time", "{}")]),
+    ),
+    "a call whose closing tag never came": ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}', (None, [PARIS])),
+    "arguments as a JSON string": ('<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}</tool_call>', (None, [PARIS])),
+    "a call cut short": ('<tool_call>\n{"name": "get_weather", "argum', ('<tool_call>\n{"name": "get_weather", "argum', [])),
+    "bare JSON": ('{"name": "get_weather", "arguments": {"city": "Paris"}}', (None, [PARIS])),
+    "JSON in a fence": ('```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris"}\n}\n```', (None, [PARIS])),
+    "bare JSON naming no tool": ('{"name": "Ada", "arguments": {}}', ('{"name": "Ada", "arguments": {}}', [])),
+    "code in a fence": ("```python\nprint('hi')\n```", ("```python\nprint('hi')\n```", [])),
+    "JSON with words after it": ('{"name": "get_weather", "arguments": {}} and more', ('{"name": "get_weather", "arguments": {}} and more', [])),
+    "plain words": ("It is sunny, I think.", ("It is sunny, I think.", [])),
+    "a tag's beginning, and no tag": ("a <tool_ca", ("a <tool_ca", [])),
+}
+
+
+@pytest.mark.parametrize("name", TEXTS)
+def test_calls_are_read_out_of_what_the_model_wrote(name):
+    text, expected = TEXTS[name]
+    assert tools.split(text, NAMES) == expected
+
+
+@pytest.mark.parametrize("name", TEXTS)
+def test_streamed_content_never_shows_a_call_and_adds_up_to_the_whole(name):
+    """However the text arrives in pieces, the content streamed before the end is the whole answer's
+    content where it has calls (never a piece of one), and all of its text where it has none."""
+    text, (content, calls) = TEXTS[name]
+    rng = random.Random(7)
+    for _ in range(50):
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 8))))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        stream = tools.ContentText()
+        sent = "".join(stream.push(piece) for piece in pieces)
+        assert stream.text == text
+        if calls:
+            assert sent.strip() == (content or "")
+        else:
+            assert sent + stream.held() == text
+
+
+def test_a_required_call_is_begun_in_the_prompt():
+    assert tools.prefill("auto") == ""
+    assert tools.prefill("required") == "<tool_call>\n"
+    named = tools.prefill({"type": "function", "function": {"name": "get_weather"}})
+    assert tools.split(named + '{"city": "Paris"}}\n</tool_call>', NAMES) == (None, [PARIS])
+    stream = tools.ContentText(named)
+    assert stream.push('{"city": "Paris"}}') == "" and tools.split(stream.text, NAMES) == (None, [PARIS])
+
+
+# -- through the server --------------------------------------------------------------------------
+
+
+class Scripted:
+    """A decoder that writes `script` (pieces of text) whatever the prompt; it keeps the prompts."""
+
+    def __init__(self):
+        self.script: list[str] = []
+        self.prompts: list[list[int]] = []
+
+    def generate(self, prompt, max_tokens, params, rng, stop=None):
+        self.prompts.append(list(prompt))
+        yield PrefillDone(len(prompt), 0, 0.0)
+        for i, piece in enumerate(self.script):
+            yield TokenCommitted(i, piece, "target")
+            yield StepDone(None, 0, 0, 1, 0.0, 0.001, 0.001)
+        yield Done("stop", list(range(len(self.script))), "".join(self.script))
+
+
+@pytest.fixture(scope="module")
+def scripted_server(tiny_dir):
+    path = write_tiny_gguf(tiny_dir / "tiny-tools.gguf", 0, chat_template=TOOLS_TEMPLATE)
+    engine = Engine(ModelPaths(path), SpecConfig("off"), TINY, TINY)
+    decoder = Scripted()
+    try:
+        with running(Service(engine, "tiny", make_decoder=lambda: decoder)) as url:
+            yield url, decoder, engine
+    finally:
+        engine.close()
+
+
+def ask(server, script: list[str], messages=ASK, **kwargs):
+    """The whole reply and the streamed one's chunks for the same request, the decoder writing `script`."""
+    url, decoder, _ = server
+    decoder.script = script
+    api = client(url)
+    whole = api.chat.completions.create(model="tiny", messages=messages, **kwargs)
+    chunks = [c for c in api.chat.completions.create(model="tiny", messages=messages, stream=True, **kwargs) if c.choices]
+    return whole.choices[0], chunks
+
+
+def streamed_calls(chunks) -> list[dict]:
+    calls = [call for c in chunks for call in (c.choices[0].delta.tool_calls or [])]
+    return [{"name": call.function.name, "arguments": call.function.arguments} for call in calls]
+
+
+def test_a_call_comes_back_as_tool_calls_whole_and_streamed(scripted_server):
+    script = ["Let me", " look.\n<tool", "_call>\n{\"name\": \"get_weather\", ", '"arguments": {"city": "Paris"}}\n</tool_call>']
+    whole, chunks = ask(scripted_server, script, tools=[WEATHER, TIME])
+    assert whole.finish_reason == "tool_calls" and whole.message.content == "Let me look."
+    (call,) = whole.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
+    assert "".join(c.choices[0].delta.content or "" for c in chunks).strip() == "Let me look."
+    assert streamed_calls(chunks) == [{"name": "get_weather", "arguments": '{"city": "Paris"}'}]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_an_answer_without_a_call_is_text_whole_and_streamed(scripted_server):
+    script = ["```", "python\n", "print('hi')\n```"]
+    whole, chunks = ask(scripted_server, script, tools=[WEATHER])
+    assert whole.finish_reason == "stop" and whole.message.content == "".join(script) and not whole.message.tool_calls
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "".join(script) and not streamed_calls(chunks)
+
+
+def test_the_tools_and_earlier_calls_reach_the_template(scripted_server):
+    """The prompt holds each tool's definition and the earlier call and its result, as the template writes them."""
+    _, decoder, engine = scripted_server
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                                                              "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 14}'},
+    ]  # fmt: skip
+    whole, _ = ask(scripted_server, ["It is 14 degrees."], tools=[WEATHER], messages=history)
+    assert whole.message.content == "It is 14 degrees." and whole.finish_reason == "stop"
+    prompt = "".join(engine.target.token_bytes(t).decode() for t in decoder.prompts[-1])
+    assert json.dumps(WEATHER) in prompt
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
+    assert '<tool_response>\n{"celsius": 14}\n</tool_response>' in prompt
+    decoder.script = ["Hello"]
+    client(scripted_server[0]).chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], tool_choice="none")
+    assert "<tools>" not in "".join(engine.target.token_bytes(t).decode() for t in decoder.prompts[-1])
+
+
+def test_a_named_tool_choice_begins_the_call_in_the_prompt(scripted_server):
+    _, decoder, engine = scripted_server
+    choice = {"type": "function", "function": {"name": "get_time"}}
+    whole, chunks = ask(scripted_server, ["{}}\n</tool_call>"], tools=[WEATHER, TIME], tool_choice=choice)
+    assert whole.finish_reason == "tool_calls" and whole.message.tool_calls[0].function.name == "get_time"
+    assert streamed_calls(chunks) == [{"name": "get_time", "arguments": "{}"}]
+    prompt = "".join(engine.target.token_bytes(t).decode() for t in decoder.prompts[-1])
+    assert prompt.endswith('assistant\n<tool_call>\n{"name": "get_time", "arguments": ')  # control tokens read as nothing
+
+
+BAD_TOOLS = {
+    "tools not an array": ({"tools": {"name": "f"}}, "tools"),
+    "a tool without a name": ({"tools": [{"type": "function", "function": {}}]}, "tools[0]"),
+    "a tool of another type": ({"tools": [{"type": "retrieval"}]}, "tools[0]"),
+    "an unknown tool_choice": ({"tools": [WEATHER], "tool_choice": "always"}, "tool_choice"),
+    "a tool_choice naming no tool": ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    "a call required of no tools": ({"tool_choice": "required"}, "tool_choice"),
+    "an earlier call without a name": ({"messages": ASK + [{"role": "assistant", "tool_calls": [{"function": {}}]}]}, "messages[1].tool_calls[0]"),
+}
+
+
+def test_bad_tools_get_an_openai_error(scripted_server):
+    url = scripted_server[0]
+    for name, (fields, param) in BAD_TOOLS.items():
+        status, answer = raw(url, "POST", "/v1/chat/completions", {"messages": ASK, **fields})
+        assert status == 400 and answer["error"]["param"] == param, (name, answer)
+
+
+def test_a_model_whose_template_takes_no_tools_says_so(tiny_pair):
+    engine = Engine(ModelPaths(tiny_pair[0]), SpecConfig("off"), TINY, TINY)
+    try:
+        with running(Service(engine, "tiny")) as url:
+            with pytest.raises(openai.BadRequestError, match="does not take tools"):
+                client(url).chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER])
+            assert client(url).chat.completions.create(model="tiny", messages=ASK, max_tokens=2).choices[0].message.content is not None
+    finally:
+        engine.close()
+
+
+# -- the default pair writes its own calls ---------------------------------------------------------
+
+
+@pytest.mark.real
+def test_qwen_calls_the_weather_tool_and_reads_its_result(qwen_engine):
+    """An agent's turn on Qwen2.5-Coder 1.5B: asked about the weather with a weather tool, it calls it
+    for Paris (whole and streamed alike); the call and its result sent back render and are served,
+    the prompt's prefix reused."""
+    with running(Service(qwen_engine, "qwen")) as url:
+        api = client(url)
+        whole = api.chat.completions.create(model="qwen", messages=ASK, tools=[WEATHER], max_tokens=64, temperature=0)
+        chunks = [c for c in api.chat.completions.create(model="qwen", messages=ASK, tools=[WEATHER], max_tokens=64,
+                                                         temperature=0, stream=True) if c.choices]  # fmt: skip
+        assert whole.choices[0].finish_reason == "tool_calls", whole.choices[0].message
+        (call,) = whole.choices[0].message.tool_calls
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+        assert streamed_calls(chunks) == [{"name": "get_weather", "arguments": call.function.arguments}]
+        history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                         {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"celsius": 14, "sky": "cloudy"})}]  # fmt: skip
+        after = api.chat.completions.create(model="qwen", messages=history, tools=[WEATHER], max_tokens=48, temperature=0)
+        assert after.choices[0].finish_reason in ("stop", "tool_calls", "length")
+        assert after.usage.prompt_tokens_details.cached_tokens > whole.usage.prompt_tokens // 2
