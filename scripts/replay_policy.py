@@ -180,7 +180,7 @@ class ReplayBackend:
     def __init__(self, sequence: list[int], eog: int, n_vocab: int, costs, clock: Clock, prompt_length: int = 0, confidence: list[float] = ()):
         self.sequence, self.eog, self.costs, self.clock = sequence, eog, costs, clock
         self.n_vocab, self.prompt_length, self.confidence = n_vocab, prompt_length, confidence
-        self.n_ctx = len(sequence) + 64
+        self.n_ctx = self.n_batch = len(sequence) + 64
         self.n_past = 0
 
     def evaluate(self, tokens, rows, copy=True) -> np.ndarray:
@@ -216,7 +216,7 @@ class ReplayDraftBackend:
         self.sequence, self.costs, self.clock, self.n_vocab, self.eog = sequence, costs, clock, n_vocab, eog
         self.start, self.argmax, self.confidence = record["start"], record["argmax"], record["confidence"]
         self.off_path = {int(k): v for k, v in record["off_path"].items()}
-        self.n_ctx = len(sequence) + 64
+        self.n_ctx = self.n_batch = len(sequence) + 64
         self.kv: list[int] = []
 
     @property

@@ -41,6 +41,7 @@ class FakeBackend:
         self.table = rng.normal(size=(n_vocab, n_vocab, n_vocab)).astype(np.float32) * sharpness
         self.n_vocab = n_vocab
         self.n_ctx = n_ctx
+        self.n_batch = n_ctx
         self.eog = eog
         self.kv: list[int] = []
         self.evaluations: list[int] = []  # batch sizes, for counting target passes

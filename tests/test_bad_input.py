@@ -250,11 +250,11 @@ BAD_FLAGS = [
     (["--draft-max", "0"], "--draft-max must be between 1 and 256, got 0"),
     (["--draft-max", "257"], "--draft-max must be between 1 and 256, got 257"),
     (["--draft-max", "1000000000"], "--draft-max must be between 1 and 256, got 1000000000"),
-    (["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
-    (["--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+    (["--top-p", "-0.1"], "--top-p must be in [0, 1], got -0.1 (0: the most likely token only)"),
+    (["--top-p", "1.5"], "--top-p must be in [0, 1], got 1.5 (0: the most likely token only)"),
     (["--temp", "-1"], "--temp must be 0 or more, got -1.0"),
-    (["--temp", "nan"], "--temp must be 0 or more, got nan"),
-    (["--temp", "inf"], "--temp must be 0 or more, got inf"),
+    (["--temp", "nan"], "--temp must be a finite number, got nan"),
+    (["--temp", "inf"], "--temp must be a finite number, got inf"),
     (["--temp", "warm"], "Invalid value for '--temp'"),
     (["--threads", "0"], "--threads must be between 1 and 512, got 0"),
     (["--threads", "100000"], "--threads must be between 1 and 512, got 100000"),
@@ -267,7 +267,7 @@ BAD_FLAGS = [
     (["--ngram-min", "0"], "n-gram sizes need 1 <= --ngram-min <= --ngram-max <= 32, got 0 and 4"),
     (["--ngram-min", "5", "--ngram-max", "3"], "got 5 and 3"),
     (["--ngram-max", "33"], "got 2 and 33"),
-    (["--seed", "-1"], "--seed must be 0 or more, got -1"),
+    (["--seed", "-2"], "--seed must be 0 or more, got -2 (-1: random)"),
     (["-ngl", "-5"], "--gpu-layers must be -1 (all, where the build offloads) or 0 or more, got -5"),
     (["-ngld", "-2"], "--gpu-layers-draft must be -1 (all, where the build offloads) or 0 or more, got -2"),
     (["--spec", "fast"], "--spec must be one of auto, off, ngram, draft, ngram+draft; got 'fast'"),
@@ -287,7 +287,7 @@ def test_out_of_bounds_flags_are_usage_errors(home, tiny_pair, flags, problem):
 @pytest.mark.parametrize(
     "args, problem",
     [
-        (["chat", "--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["chat", "--top-p", "2"], "--top-p must be in [0, 1]"),
         (["bench", "--repeats", "0"], "--repeats and --limit must be at least 1"),
         (["bench", "--strategies", "off,fast"], "unknown strategies fast"),
         (["bench", "--json", "/no/such/folder/out.json"], "--json /no/such/folder/out.json: the folder /no/such/folder does not exist"),
@@ -321,6 +321,16 @@ def test_flags_at_their_bounds_work(home, tiny_pair):
     assert len(json.loads(done.stdout)["tokens"]) == 30
     # --threads 512 passes the flags (running 512 threads here would only slow the machine down)
     assert_one_error(specllm_here(home, "run", "--threads", "512", "-m", "missing.gguf", "-p", "hi"), 1, "model file not found")
+
+
+def test_values_that_mean_random_or_greedy_elsewhere_mean_it_here(home, tiny_pair):
+    """`--seed -1` is a random seed and `--top-p 0` keeps the most likely token only, as chat's /set,
+    the server and llama.cpp read them."""
+    flags = ["run", "-m", tiny_pair[0], "--spec", "off", "-n", "12", "-p", "hi", "--json"]
+    greedy = specllm_here(home, *flags, "--temp", "0")
+    narrowed = specllm_here(home, *flags, "--temp", "1.5", "--top-p", "0", "--seed", "-1")
+    assert greedy.returncode == narrowed.returncode == 0, narrowed.stderr
+    assert json.loads(narrowed.stdout)["tokens"] == json.loads(greedy.stdout)["tokens"]
 
 
 def test_tiny_temperature_is_greedy(home, tiny_pair):

@@ -92,9 +92,9 @@ def test_set_changes_one_setting(args, check):
     [
         (["temp", "abc"], "temp must be a number, got 'abc'"),
         (["temp", "-1"], "temp must be 0 or more"),
-        (["temp", "nan"], "temp must be 0 or more"),
+        (["temp", "nan"], "temp must be a finite number, got nan"),
         (["top_k", "1.5"], "top_k must be a whole number"),
-        (["top_p", "0"], "top_p must be in (0, 1]"),
+        (["top_p", "1.5"], "top_p must be in [0, 1]"),
         (["min_p", "1"], "min_p must be in [0, 1)"),
         (["max_tokens", "0"], "max_tokens must be at least 1"),
         (["seed", "x"], "seed must be a whole number"),

@@ -139,6 +139,14 @@ def test_set_changes_the_next_reply(engines):
     assert "max_tokens 3" in result.stderr and "reached max_tokens 3" in result.stderr
 
 
+def test_setting_the_seed_again_gives_the_same_sampled_reply_again(engines):
+    """`/set seed 5` starts seed 5's draws afresh, as `--seed 5` does, even where the seed was 5 already."""
+    result = chat(["/set seed 5", "hi", "/clear", "/set seed 5", "hi", "/clear", "hi"], "--temp", "1.5", "-n", "12")
+    first, again, then = result.stdout.splitlines()
+    assert first == again != then
+    assert chat(["hi"], "--temp", "1.5", "-n", "12", "--seed", "5").stdout.splitlines() == [first]
+
+
 def test_reply_ending_on_its_own_says_nothing_more(engines):
     engines.options = {"eog": 2}
     result = chat(["hi"], "--temp", "0", "-n", "100")

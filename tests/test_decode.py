@@ -377,3 +377,18 @@ def test_an_ngram_draft_the_draft_model_continues_is_greedy_text_unchanged(virtu
     done, events = _run(Decoder(_target(8, clock=virtual_clock), drafter, fixed_budget(8)), PROMPT, 40, GREEDY)
     assert done.tokens == reference
     assert any(isinstance(e, StepDone) and e.source == "ngram" and e.drafted > 1 and e.model_seconds > 0 for e in events)
+
+
+def test_a_stop_while_the_prompt_is_read_is_heard_between_batches():
+    """Ctrl-C (or a client leaving) during a long prompt's reading stops it after the batch in hand,
+    not after the whole prompt; what was read is reused by the next prompt, whose text is unchanged."""
+    prompt = [i % 7 for i in range(40)]
+    target = FakeBackend(seed=0)
+    target.n_batch = 8
+    decoder = Decoder(target, NgramDrafter(2, 4, target.is_eog), fixed_budget(4))
+    events = list(decoder.generate(prompt, 10, GREEDY, None, stop=lambda: len(target.evaluations) >= 2))
+    assert target.evaluations == [8, 8] and target.kv == prompt[:16]
+    assert isinstance(events[-1], Done) and events[-1].finish_reason == "interrupted" and events[-1].tokens == []
+    again = list(decoder.generate(prompt, 10, GREEDY, None))
+    assert again[0].reused_tokens == 16 and target.evaluations[2:5] == [8, 8, 7]
+    assert again[-1].tokens == generate_plain(FakeBackend(seed=0), prompt, 10, GREEDY, None)

@@ -175,7 +175,7 @@ def test_argmax_prefers_lowest_id_on_tie():
     [
         SamplingParams(temperature=-1),
         SamplingParams(temperature=float("nan")),
-        SamplingParams(top_p=0.0),
+        SamplingParams(top_p=-0.1),
         SamplingParams(top_p=1.5),
         SamplingParams(top_k=-1),
         SamplingParams(min_p=1.0),

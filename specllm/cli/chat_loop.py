@@ -133,7 +133,7 @@ class ChatLoop:
         except UsageError as exc:
             self.note(f"{exc}; nothing changed.")
             return
-        if settings.params.seed != self.settings.params.seed:
+        if args[0].lower() == "seed" or settings.params.seed != self.settings.params.seed:  # seed N starts N's draws afresh, as --seed N
             self.rng = np.random.default_rng(settings.params.seed)
         self.settings = settings
         self.note(f"Now {settings.describe()}.")

@@ -38,7 +38,7 @@ Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is 
 TopK = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")]
 TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1: off).")]
 MinP = Annotated[float, typer.Option("--min-p", help="Drop tokens below this fraction of the best one (0: off).")]
-Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed: with one, the text is the same whatever the n-gram cache drafts.", show_default="random")]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed (-1: random): with one, the text is the same whatever the n-gram cache drafts.", show_default="random")]
 CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in tokens.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads.", show_default="all cores up to 8")]
 GpuLayers = Annotated[int, typer.Option("--gpu-layers", "-ngl", help="Target layers on the GPU (-1: all when the build supports it).")]
@@ -49,7 +49,7 @@ Color = Annotated[str, typer.Option("--color", help="Colour tokens by source: au
 
 
 def sampling_params(temp: float, top_k: int, top_p: float, min_p: float, seed: int | None) -> SamplingParams:
-    return SamplingParams(temp, top_k, top_p, min_p, seed).validate()
+    return SamplingParams(temp, top_k, top_p, min_p, None if seed == -1 else seed).validate()  # -1: random, as in llama.cpp
 
 
 def check_common(max_tokens: int, ctx_size: int, threads: int | None, exact: bool = False, gpu_layers: int = -1, gpu_layers_draft: int = -1) -> None:

@@ -59,7 +59,7 @@ def run(
     writer = TokenWriter(colour=colour)
     live_enabled = sys.stderr.isatty() and not quiet and not verbose
     with StopOnSignal(terminate=True) as stopper, LiveStatus(live_enabled) as live:
-        events = engine.decoder().generate(tokens, max_tokens, params, np.random.default_rng(seed), stop=stopper.requested)
+        events = engine.decoder().generate(tokens, max_tokens, params, np.random.default_rng(params.seed), stop=stopper.requested)
         for event in events:
             stats.update(event)
             if isinstance(event, TokenCommitted) and not as_json:

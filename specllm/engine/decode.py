@@ -98,7 +98,10 @@ class Decoder:
                 f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}; "
                 "raise --ctx-size or shorten the prompt"
             )
-        yield self._prefill(prompt)
+        yield self._prefill(prompt, stop)
+        if len(self.history) < len(prompt):  # stopped while reading the prompt
+            yield Done("interrupted", [], "")
+            return
         randoms = None if params.greedy else Randoms.drawn_from(rng)  # the target's draws by position; `rng` is the drafter's
         text = _TextStream(self.target)
         generated: list[int] = []
@@ -148,16 +151,20 @@ class Decoder:
             yield TokenCommitted(-1, tail, "target")
         yield Done(reason, generated, text.text)
 
-    def _prefill(self, prompt: list[int]) -> PrefillDone:
-        """Make the target's KV cache hold prompt[:-1], reusing what it already holds."""
+    def _prefill(self, prompt: list[int], stop: Callable[[], bool] | None = None) -> PrefillDone:
+        """Make the target's KV cache hold prompt[:-1], reusing what it already holds; `stop` is asked
+        between batches of the target's n_batch (the batches one evaluation would read), and where it
+        says stop, history holds what was read (the next prompt reuses it)."""
         started = time.perf_counter()
         reused = common_prefix(self.history[:-1], prompt[:-1]) if self.history else 0
-        reused = min(reused, self.target.n_past)
+        reused = read = min(reused, self.target.n_past)
         self.target.rewind(reused)
-        if len(prompt) - 1 > reused:
-            self.target.evaluate(prompt[reused:-1], [])
-        self.history = list(prompt)
-        if self.drafter is not None:
+        while read < len(prompt) - 1 and not (stop is not None and stop()):
+            batch = prompt[read : min(read + self.target.n_batch, len(prompt) - 1)]
+            self.target.evaluate(batch, [])
+            read += len(batch)
+        self.history = list(prompt[: read + 1])
+        if self.drafter is not None and len(self.history) == len(prompt):
             self.drafter.start(self.history)
         return PrefillDone(len(prompt), reused, time.perf_counter() - started)
 

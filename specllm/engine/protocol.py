@@ -13,6 +13,7 @@ class Backend(Protocol):
 
     n_vocab: int
     n_ctx: int
+    n_batch: int  # the most tokens one evaluation reads at once (a longer input is read in such batches)
     n_past: int  # tokens held in the KV cache
 
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]: ...

@@ -27,16 +27,18 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def validate(self) -> "SamplingParams":
-        if not np.isfinite(self.temperature) or self.temperature < 0:
+        if not np.isfinite(self.temperature):
+            raise UsageError(f"--temp must be a finite number, got {self.temperature}")
+        if self.temperature < 0:
             raise UsageError(f"--temp must be 0 or more, got {self.temperature}")
         if self.top_k < 0:
             raise UsageError(f"--top-k must be 0 (off) or more, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise UsageError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.top_p <= 1.0:  # 0, as OpenAI's API and llama.cpp allow it: the most likely token only
+            raise UsageError(f"--top-p must be in [0, 1], got {self.top_p} (0: the most likely token only)")
         if not 0.0 <= self.min_p < 1.0:
             raise UsageError(f"--min-p must be in [0, 1), got {self.min_p}")
         if self.seed is not None and self.seed < 0:
-            raise UsageError(f"--seed must be 0 or more, got {self.seed}")
+            raise UsageError(f"--seed must be 0 or more, got {self.seed} (-1: random)")
         return self
 
 
