@@ -360,3 +360,14 @@ def test_unexpected_failure_is_still_one_line(home, tiny_pair, tmp_path):
     debug = specllm(env | {"SPECLLM_DEBUG": "1"}, "run", "-m", tiny_pair[0], "-p", "hi")
     assert debug.returncode == 1 and "Traceback" in debug.stderr
     assert re.search(r"ZeroDivisionError: boom", debug.stderr)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere: a read-only folder stops no one")
+def test_bench_json_to_a_folder_that_cannot_be_written_is_refused_before_measuring(home, tmp_path):
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        assert_one_error(specllm_here(home, "bench", "--json", str(folder / "out.json")), 2, f"the folder {folder} is not writable")
+    finally:
+        folder.chmod(0o700)

@@ -20,6 +20,7 @@ from specllm.bench.harness import (
 )
 from specllm.bench.oracle import copy_lengths, ngram_proposals, told_ngram_cost
 from specllm.bench.workloads import Prompt, load_prompts
+from specllm.errors import SpecllmError
 from specllm.cli import app
 from specllm.engine.costmodel import LEARNING_RATE, CostModel, measure_costs
 from specllm.engine.decode import Decoder, fixed_budget
@@ -354,6 +355,34 @@ def test_builtin_workloads_cover_the_three_kinds():
     assert len(load_prompts(limit=1, categories=["code_edit"])) == 1
 
 
+BAD_ROWS = {
+    "a string for turns": ('{"question_id": 1, "category": "qa", "turns": "just a string"}', "'turns' must be a list of non-empty strings"),
+    "a null turn": ('{"question_id": 1, "turns": [null]}', "'turns' must be a list of non-empty strings"),
+    "an empty turn": ('{"question_id": 1, "turns": [""]}', "'turns' must be a list of non-empty strings"),
+    "no turns": ('{"question_id": 1, "turns": []}', "'turns' must be a list of non-empty strings"),
+    "turns missing": ('{"question_id": 1}', "'turns' must be a list of non-empty strings"),
+    "an array": ('[1, 2]', "a Spec-Bench row is a JSON object"),
+    "a question_id taken already": ('{"question_id": 0, "turns": ["again"]}', "question_id 0 is taken already (line 1)"),
+    "not JSON": ('{"question_id": 1,', "not JSON (Expecting property name enclosed in double quotes at character 19)"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_ROWS)
+def test_a_malformed_prompt_row_is_one_clear_error_naming_its_line(tmp_path, name):
+    row, message = BAD_ROWS[name]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"question_id": 0, "category": "qa", "turns": ["fine"]}\n\n' + row + "\n")
+    with pytest.raises(SpecllmError) as error:
+        load_prompts(path)
+    assert str(error.value).startswith(f"{path}:3: {message}")
+
+
+def test_a_prompts_file_saved_with_a_byte_order_mark_reads(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"question_id": 7, "category": "qa", "turns": ["What is 2 + 2?"]}\n', encoding="utf-8-sig")
+    assert load_prompts(path) == [Prompt("7", "qa", "What is 2 + 2?")]
+
+
 def test_calibration_on_a_real_backend_is_sane_and_leaves_caches_empty(tiny_pair):
     from specllm.backend import LlamaBackend, LoadOptions
 
@@ -449,3 +478,14 @@ def test_bench_cli_short_run_writes_the_json_schema(tmp_path, tiny_pair):
         assert "timing noise: in the" in result.output
     else:
         assert noise is None
+
+
+def test_rows_keep_one_strategy_order_in_every_category():
+    """Strategies take turns going first from prompt to prompt; the table lists off first, then the
+    others as the run first took them, in every category."""
+    p0, p1 = PROMPTS[0], PROMPTS[2]
+    runs = [_run(p0, "off", [1] * 4, 1.0), _run(p0, "ngram", [1] * 4, 1.0), _run(p0, "auto", [1] * 4, 1.0),
+            _run(p1, "auto", [2] * 4, 1.0), _run(p1, "off", [2] * 4, 1.0), _run(p1, "ngram", [2] * 4, 1.0)]  # fmt: skip
+    rows = summarize(runs, COSTS, greedy=True)
+    for category in ("a", "b", "all"):
+        assert [r["strategy"] for r in rows if r["category"] == category] == ["off", "ngram", "auto"]

