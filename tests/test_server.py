@@ -116,8 +116,11 @@ def test_streamed_text_equals_the_whole_reply(tiny_server):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole
     closing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
-    assert len(closing) == 1 and closing[0].usage.completion_tokens >= 1
-    assert chunks[-1].choices == [] and "speculation" in chunks[-1].usage.model_extra  # include_usage
+    assert len(closing) == 1 and closing[0].usage is None  # with include_usage, usage comes once, as OpenAI sends it:
+    assert [c for c in chunks if c.usage] == [chunks[-1]] and chunks[-1].choices == []  # alone in the last chunk
+    assert chunks[-1].usage.completion_tokens >= 1 and "speculation" in chunks[-1].usage.model_extra
+    plain = list(chat(url, "Say something about " + CODE, stream=True))  # without: on the chunk that finishes
+    assert [c for c in plain if c.usage] == [plain[-1]] and plain[-1].choices[0].finish_reason
 
 
 def test_models_and_health(tiny_server):

@@ -55,6 +55,22 @@ TEXTS = {  # what a model writes -> (content, calls)
     "bare JSON naming no tool": ('{"name": "Ada", "arguments": {}}', ('{"name": "Ada", "arguments": {}}', [])),
     "code in a fence": ("```python\nprint('hi')\n```", ("```python\nprint('hi')\n```", [])),
     "JSON with words after it": ('{"name": "get_weather", "arguments": {}} and more', ('{"name": "get_weather", "arguments": {}} and more', [])),
+    "several calls in one block, as Qwen2.5-Coder writes them": (
+        '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n{"name": "get_time", "arguments": {}}\n```',
+        (None, [PARIS, tools.ToolCall("get_time", "{}")]),
+    ),
+    "a call in each of two blocks": (
+        '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```\n```json\n{"name": "get_time"}\n```',
+        (None, [PARIS, tools.ToolCall("get_time", "{}")]),
+    ),
+    "a list of calls": ('[{"name": "get_weather", "arguments": {"city": "Paris"}}]', (None, [PARIS])),
+    "doubled braces, as the template's example shows a call": ('{{"name": "get_weather", "arguments": {"city": "Paris"}}}', (None, [PARIS])),
+    "parameters, as Llama 3 writes them": ('{"name": "get_weather", "parameters": {"city": "Paris"}}', (None, [PARIS])),
+    "arguments that are no object": ('<tool_call>{"name": "get_weather", "arguments": "Paris"}</tool_call>',
+                                     ('<tool_call>{"name": "get_weather", "arguments": "Paris"}</tool_call>', [])),
+    "JSON that names a tool among other keys": ('{"name": "get_weather", "version": 2}', ('{"name": "get_weather", "version": 2}', [])),
+    "a block beside words": ('Like this:\n```json\n{"name": "get_weather"}\n```', ('Like this:\n```json\n{"name": "get_weather"}\n```', [])),
+    "words and white space before a call": ("Let me check.\n\n" + CALL, ("Let me check.", [PARIS])),
     "plain words": ("It is sunny, I think.", ("It is sunny, I think.", [])),
     "a tag's beginning, and no tag": ("a <tool_ca", ("a <tool_ca", [])),
 }
@@ -79,18 +95,23 @@ def test_streamed_content_never_shows_a_call_and_adds_up_to_the_whole(name):
         sent = "".join(stream.push(piece) for piece in pieces)
         assert stream.text == text
         if calls:
-            assert sent.strip() == (content or "")
+            assert sent == (content or "")
         else:
             assert sent + stream.held() == text
 
 
-def test_a_required_call_is_begun_in_the_prompt():
+def test_a_required_call_is_begun_in_the_prompt_up_to_its_name():
     assert tools.prefill("auto") == ""
-    assert tools.prefill("required") == "<tool_call>\n"
+    required = tools.prefill("required")
+    assert required == '<tool_call>\n{"name": "'  # a bare tag, and Qwen2.5-Coder 1.5B ends its answer there
+    assert tools.split(required + 'get_weather", "arguments": {"city": "Paris"}}', NAMES) == (None, [PARIS])
     named = tools.prefill({"type": "function", "function": {"name": "get_weather"}})
-    assert tools.split(named + '{"city": "Paris"}}\n</tool_call>', NAMES) == (None, [PARIS])
+    assert tools.split(named + ' {"city": "Paris"}}\n</tool_call>', NAMES) == (None, [PARIS])
     stream = tools.ContentText(named)
-    assert stream.push('{"city": "Paris"}}') == "" and tools.split(stream.text, NAMES) == (None, [PARIS])
+    assert stream.push(' {"city": "Paris"}}') == "" and tools.split(stream.text, NAMES) == (None, [PARIS])
+    cut = tools.ContentText(named)
+    cut.push(' {"ci')
+    assert cut.held() == ' {"ci'  # a call left unreadable is sent as what the model wrote, not the prompt's markup
 
 
 # -- through the server --------------------------------------------------------------------------
@@ -184,7 +205,7 @@ def test_a_named_tool_choice_begins_the_call_in_the_prompt(scripted_server):
     assert whole.finish_reason == "tool_calls" and whole.message.tool_calls[0].function.name == "get_time"
     assert streamed_calls(chunks) == [{"name": "get_time", "arguments": "{}"}]
     prompt = "".join(engine.target.token_bytes(t).decode() for t in decoder.prompts[-1])
-    assert prompt.endswith('assistant\n<tool_call>\n{"name": "get_time", "arguments": ')  # control tokens read as nothing
+    assert prompt.endswith('assistant\n<tool_call>\n{"name": "get_time", "arguments":')  # control tokens read as nothing
 
 
 BAD_TOOLS = {
@@ -194,6 +215,9 @@ BAD_TOOLS = {
     "an unknown tool_choice": ({"tools": [WEATHER], "tool_choice": "always"}, "tool_choice"),
     "a tool_choice naming no tool": ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
     "a call required of no tools": ({"tool_choice": "required"}, "tool_choice"),
+    "a name with spaces": ({"tools": [{"type": "function", "function": {"name": "my func!"}}]}, "tools[0].function.name"),
+    "two tools of one name": ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
+    "parameters that are no object": ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "oops"}}]}, "tools[0].function.parameters"),
     "an earlier call without a name": ({"messages": ASK + [{"role": "assistant", "tool_calls": [{"function": {}}]}]}, "messages[1].tool_calls[0]"),
 }
 
@@ -223,7 +247,7 @@ def test_a_model_whose_template_takes_no_tools_says_so(tiny_pair):
 def test_qwen_calls_the_weather_tool_and_reads_its_result(qwen_engine):
     """An agent's turn on Qwen2.5-Coder 1.5B: asked about the weather with a weather tool, it calls it
     for Paris (whole and streamed alike); the call and its result sent back render and are served,
-    the prompt's prefix reused."""
+    the prompt's prefix reused; with a call required, it calls the weather tool."""
     with running(Service(qwen_engine, "qwen")) as url:
         api = client(url)
         whole = api.chat.completions.create(model="qwen", messages=ASK, tools=[WEATHER], max_tokens=64, temperature=0)
@@ -238,3 +262,8 @@ def test_qwen_calls_the_weather_tool_and_reads_its_result(qwen_engine):
         after = api.chat.completions.create(model="qwen", messages=history, tools=[WEATHER], max_tokens=48, temperature=0)
         assert after.choices[0].finish_reason in ("stop", "tool_calls", "length")
         assert after.usage.prompt_tokens_details.cached_tokens > whole.usage.prompt_tokens // 2
+        # required: the call begun in the prompt up to its name (after a bare tag this model ends its answer)
+        required = api.chat.completions.create(model="qwen", messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
+                                               max_tokens=48, temperature=0)  # fmt: skip
+        assert required.choices[0].finish_reason == "tool_calls", required.choices[0].message
+        assert required.choices[0].message.tool_calls[0].function.name == "get_weather"

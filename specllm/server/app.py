@@ -167,8 +167,9 @@ class JobResponse:
             elif kind == "done":
                 text, reason, calls = "".join(pieces), self._reason(payload), None
                 if self.request.tools:
-                    text, found = tools.split(self.prefill + text, self.tool_names)
-                    calls, reason = ([call.wire() for call in found], "tool_calls") if found else (None, reason)
+                    content, found = tools.split(self.prefill + text, self.tool_names)
+                    if found:  # else the model's own text, a required call's opening apart
+                        text, calls, reason = content, [call.wire() for call in found], "tool_calls"
                 body = self.render.whole(text, reason, schema.usage(payload.stats, self.strategy), calls)
                 return await _send_json(send, 200, body)
 
@@ -196,9 +197,11 @@ class JobResponse:
                         reason = "tool_calls"
                     elif content.held():
                         await self._event(send, self.render.chunk(content.held()))
-                await self._event(send, self.render.chunk(None, reason, usage))
-                if self.request.include_usage:
+                if self.request.include_usage:  # in a closing chunk of its own, as OpenAI sends it
+                    await self._event(send, self.render.chunk(None, reason))
                     await self._event(send, self.render.usage_chunk(usage))
+                else:  # usage on the last chunk all the same (what speculation did), as llama.cpp's server sends its timings
+                    await self._event(send, self.render.chunk(None, reason, usage))
                 break
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from specllm.engine.stats import Stats
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 TOOL_CHOICES = ("none", "auto", "required")
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 MAX_STOPS = 4  # as OpenAI allows
 COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's; chat runs to the context's end
 DEFAULTS = SamplingParams()  # a field left out takes specllm's default, as llama.cpp's server does
@@ -180,7 +182,14 @@ def _tools(body: dict) -> tuple[list[dict] | None, str | dict]:
         function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
             raise ApiError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", f"tools[{i}]")
-        names.append(function["name"])
+        name = function["name"]
+        if not TOOL_NAME.fullmatch(name):
+            raise ApiError(400, f"tools[{i}]: a function's name is 1-64 letters, digits, _ or -, got {name!r}", f"tools[{i}].function.name")
+        if name in names:
+            raise ApiError(400, f"tools[{i}]: two tools are named {name!r}", f"tools[{i}].function.name")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise ApiError(400, f"tools[{i}]: 'parameters' must be a JSON Schema object", f"tools[{i}].function.parameters")
+        names.append(name)
     choice = body.get("tool_choice", "auto")
     if isinstance(choice, dict):
         function = choice.get("function") if choice.get("type") == "function" else None

@@ -20,14 +20,15 @@ from dataclasses import dataclass
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FENCE, NAME_KEY = "```", '"name"'
-_FENCED = re.compile(r"\s*```(?:json)?\s*(.*?)\s*```\s*", re.DOTALL)
+_FENCES = re.compile(r"\s*```(?:json)?\s*(.*?)\s*```\s*", re.DOTALL)
 _CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
+_BARE_KEYS = {"name", "arguments", "parameters"}  # all an untagged call's JSON may hold
 
 
 @dataclass(frozen=True)
 class ToolCall:
     name: str
-    arguments: str  # JSON text, as OpenAI sends it
+    arguments: str  # a JSON object's text, as OpenAI sends it
 
     def wire(self, index: int | None = None) -> dict:
         call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -35,15 +36,18 @@ class ToolCall:
 
 
 def prefill(tool_choice: str | dict) -> str:
-    """The markup the answer starts with: a call's opening where one is required, its name too where named."""
+    """The markup the answer starts with where a call is required: the call's opening up to its
+    name (a model that writes its calls untagged, as Qwen2.5-Coder 1.5B does, ends its answer right
+    after a bare tag), and the name too where the request names it."""
     if isinstance(tool_choice, dict):
-        return f'{OPEN}\n{{"name": {json.dumps(tool_choice["function"]["name"], ensure_ascii=False)}, "arguments": '
-    return f"{OPEN}\n" if tool_choice == "required" else ""
+        return f'{OPEN}\n{{"name": {json.dumps(tool_choice["function"]["name"], ensure_ascii=False)}, "arguments":'
+    return f'{OPEN}\n{{"name": "' if tool_choice == "required" else ""
 
 
 def split(text: str, names: list[str]) -> tuple[str | None, list[ToolCall]]:
-    """The content before the first call (None when empty) and the calls (to any name in tags, to one
-    of `names` in an answer that is only a call's JSON); (text, []) where no call can be read."""
+    """The content before the first call (trailing white space dropped, None when empty) and the
+    calls: to any name in tags, to one of `names` in an answer that is only calls' JSON (bare, in
+    ```json blocks, one after another or in a list); (text, []) where no call can be read."""
     start = text.find(OPEN)
     if start < 0:
         bare = _bare_calls(text, names)
@@ -54,26 +58,64 @@ def split(text: str, names: list[str]) -> tuple[str | None, list[ToolCall]]:
         if call is None:
             return text, []
         calls.append(call)
-    content = text[:start].strip()
+    content = text[:start].rstrip()
     return content or None, calls
 
 
 def _bare_calls(text: str, names: list[str]) -> list[ToolCall]:
-    fenced = _FENCED.fullmatch(text)
-    body = fenced.group(1) if fenced else text.strip()
-    try:
-        value = json.loads(body)
-    except json.JSONDecodeError:
+    fenced = [m.group(1) for m in _FENCES.finditer(text)]
+    if fenced and sum(len(m.group(0)) for m in _FENCES.finditer(text)) != len(text):
+        return []  # words beside the blocks: an answer that shows JSON, not a call
+    values = [value for body in (fenced or [text]) for value in _json_values(body)]
+    items = [item for value in values for item in (value if isinstance(value, list) else [value])]
+    if not items or not all(isinstance(item, dict) and set(item) <= _BARE_KEYS and item.get("name") in names for item in items):
         return []
-    calls = [_read(json.dumps(item)) for item in (value if isinstance(value, list) else [value])]
-    if not calls or any(call is None or call.name not in names for call in calls):
-        return []
-    return calls
+    calls = [_call(item) for item in items]
+    return calls if all(calls) else []
+
+
+def _json_values(body: str) -> list:
+    """The JSON values written one after another in `body` (white space or commas between them);
+    none where anything else is there. A call wrapped in doubled braces, as Qwen2.5's template
+    shows its example ({{"name": ...}}), is read as the call."""
+    decoder, values, at = json.JSONDecoder(), [], 0
+    body = body.strip()
+    if body.startswith("{{") and body.endswith("}}"):
+        body = body[1:-1]
+    while at < len(body):
+        try:
+            value, at = decoder.raw_decode(body, at)
+        except json.JSONDecodeError:
+            return []
+        values.append(value)
+        while at < len(body) and body[at] in " \t\r\n,":
+            at += 1
+    return values
+
+
+def _read(body: str) -> ToolCall | None:
+    values = _json_values(body)
+    return _call(values[0]) if len(values) == 1 and isinstance(values[0], dict) else None
+
+
+def _call(call: dict) -> ToolCall | None:
+    """A call's JSON ({"name", "arguments"}, or "parameters" as Llama 3 writes it) as a ToolCall;
+    None where the name is missing or the arguments are not an object (or its JSON text)."""
+    arguments = call.get("arguments", call.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(call.get("name"), str) or not isinstance(arguments, dict):
+        return None
+    return ToolCall(call["name"], json.dumps(arguments, ensure_ascii=False))
 
 
 def begins_bare_call(text: str) -> bool | None:
-    """Whether an answer beginning with `text` is writing a call's JSON without tags (an optional
-    ```json line, then `{"name"`); None while too little is written to tell."""
+    """Whether an answer beginning with `text` is writing calls' JSON without tags (an optional
+    ```json line, an optional `[`, then `{"name"`, or `{{"name"`); None while too little is
+    written to tell."""
     rest = text.lstrip()
     if rest.startswith(FENCE):
         rest = rest[len(FENCE) :]
@@ -82,36 +124,31 @@ def begins_bare_call(text: str) -> bool | None:
         rest = rest.removeprefix("json").lstrip()
     elif FENCE.startswith(rest):
         return None  # nothing yet, or the fence begun
-    if not rest:
-        return None
-    if not rest.startswith("{"):
-        return False
-    rest = rest[1:].lstrip()
+    braces = 0
+    for opening in ("[", "{", "{"):  # [{"name", {"name" or {{"name"
+        if not rest:
+            return None
+        if rest.startswith(opening):
+            rest, braces = rest[1:].lstrip(), braces + (opening == "{")
+        elif braces and rest.startswith('"'):
+            break
+        elif opening != "[":
+            return False
     if len(rest) < len(NAME_KEY):
         return None if NAME_KEY.startswith(rest) else False
     return rest.startswith(NAME_KEY)
 
 
-def _read(body: str) -> ToolCall | None:
-    try:
-        call = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return None
-    arguments = call.get("arguments", {})
-    return ToolCall(call["name"], arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
-
-
 class ContentText:
-    """Streamed text in, the content to send now out: everything before a tool call's opening. From
-    the opening on (or from the start, where the prompt opened a call, or where the answer begins
-    with a call's bare JSON) text is held for `split`; a beginning that may be such JSON, or a tail
-    that could begin the opening, is held until the next piece shows whether it does."""
+    """Streamed text in, the content to send now out: everything before a tool call's opening, bar
+    the white space just before it (as `split` drops it). From the opening on (or from the start,
+    where the prompt opened a call, or where the answer begins with a call's bare JSON) text is
+    held for `split`; a beginning that may be such JSON, a tail that could begin the opening, and
+    trailing white space are held until the next piece shows what they are."""
 
     def __init__(self, prefill: str = ""):
-        self.text = prefill
-        self.sent = 0  # characters of `text` sent as content
+        self.text = prefill  # the answer's text, a prompt's opening of a call included, for `split`
+        self.sent = len(prefill)  # characters of `text` sent as content (the opening counts: it is never content)
         self.calling = bool(prefill)
         self.bare: bool | None = None if not prefill else False  # whether the answer begins with a call's bare JSON
 
@@ -130,9 +167,11 @@ class ContentText:
             end = start
         else:
             end = len(self.text) - max((k for k in range(1, len(OPEN)) if self.text.endswith(OPEN[:k])), default=0)
-        out, self.sent = self.text[self.sent : end], max(self.sent, end)
+        end = max(self.sent, len(self.text[:end].rstrip()))
+        out, self.sent = self.text[self.sent : end], end
         return out
 
     def held(self) -> str:
-        """What was held back and not sent: the calls' text, or text that began no call."""
+        """What was held back and not sent, the prompt's opening apart: the calls' text, or text
+        that began no call."""
         return self.text[self.sent :]
