@@ -82,6 +82,21 @@ class FakeBackend:
         del self.kv[n_past:]
 
 
+class Priced:
+    """A real backend whose evaluations also advance a virtual clock by what `seconds(k)` says k
+    tokens cost, so that `--spec auto` decides from a cost curve, not from how busy the machine is."""
+
+    def __init__(self, inner, clock: VirtualClock, seconds):
+        self.inner, self.clock, self.seconds = inner, clock, seconds
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def evaluate(self, tokens, rows, copy=True):
+        self.clock.now += self.seconds(len(tokens))
+        return self.inner.evaluate(tokens, rows, copy)
+
+
 class LogitsRecorder:
     """Wraps a backend and keeps every logits row it returns, by absolute KV position.
 

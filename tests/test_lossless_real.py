@@ -21,13 +21,15 @@ import pytest
 
 from specllm.backend import LlamaBackend, LoadOptions
 from specllm.chat import encode_messages
+from specllm.engine.auto import AutoDrafter
 from specllm.engine.costmodel import CostModel
 from specllm.engine.decode import Decoder, Done, StepDone, fixed_budget, generate_plain
 from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
 from specllm.engine.sampling import SamplingParams, warp
 from specllm.errors import SpecllmError
 from specllm.session import Engine, ModelPaths, SpecConfig
-from tests.fakes import LogitsRecorder
+from tests.conftest import DEFAULT_PAIR_COSTS
+from tests.fakes import LogitsRecorder, Priced
 from tests.stat_helpers import chi_square_pvalue
 from tests.tiny_gguf import write_tiny_gguf
 
@@ -153,14 +155,17 @@ def plain_outputs():
 @pytest.mark.real
 @pytest.mark.parametrize("strategy", ["ngram", "draft", "ngram+draft", "auto"])
 @pytest.mark.parametrize("name", list(PROMPTS))
-def test_greedy_speculation_equals_plain_decoding(qwen_engine, plain_outputs, name, strategy):
+def test_greedy_speculation_equals_plain_decoding(qwen_engine, plain_outputs, virtual_clock, name, strategy):
     target = qwen_engine.target
     if name not in plain_outputs:
         prompt = encode_messages(target, [{"role": "user", "content": PROMPTS[name]}])
         plain_outputs[name] = (prompt, *_plain(target, prompt, MAX_TOKENS))
     prompt, plain, plain_rows = plain_outputs[name]
     decoder = qwen_engine.decoder(strategy)
-    decoder.target = recorder = LogitsRecorder(decoder.target)
+    # passes take the default pair's calibrated times on the clock `auto` reads, whatever else the machine runs
+    decoder.target = recorder = LogitsRecorder(Priced(decoder.target, virtual_clock, DEFAULT_PAIR_COSTS.verify))
+    if isinstance(decoder.drafter, AutoDrafter) and decoder.drafter.model is not None:
+        decoder.drafter.model.model = Priced(decoder.drafter.model.model, virtual_clock, DEFAULT_PAIR_COSTS.catch_up)
     events = list(decoder.generate(prompt, MAX_TOKENS, GREEDY, np.random.default_rng(0)))
     spec = events[-1].tokens
     _check_greedy_path(target, prompt, spec, recorder.rows, plain, plain_rows, strategy)
