@@ -124,17 +124,17 @@ class ScriptedRng:
         return self.uniforms.pop(0)
 
 
-def inverse_cdf(probs: np.ndarray, u: float) -> int:
-    cdf = np.cumsum(probs)
-    return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), probs.size - 1))
+def drawn(probs: np.ndarray, u: float) -> int:
+    """The token `sample` draws from `probs` with the uniform u (its exactness is test_sampling.py's)."""
+    return sample(probs, ScriptedRng([u]))
 
 
 @SETTINGS
 @given(cases(), st.booleans(), st.lists(st.tuples(st.floats(0.0, 1.0, exclude_max=True), st.floats(0.0, 1.0, exclude_max=True)), min_size=6, max_size=6))
 def test_verify_sampled_follows_the_enumerated_rule(case, one_hot, uniforms):
     """With scripted uniforms, two for each row i (u_i, v_i): keep drafted model token i iff
-    u_i * q_i(x_i) < p_i(x_i), else the resample is v_i's pick from the residual by inverse CDF;
-    keep one-hot token i iff u_i's pick from p_i by inverse CDF is x_i, else that pick; the bonus is
+    u_i * q_i(x_i) < p_i(x_i), else the resample is v_i's draw from the residual (`sample`);
+    keep one-hot token i iff u_i's draw from p_i is x_i, else that draw; the bonus is
     u_k's pick from the last row. This is the rule `committed_distribution` enumerates (for one-hot
     tokens the pick is y with probability p(y)), so its exactness carries over to the code."""
     p_target, q_draft, tokens, _ = case
@@ -144,14 +144,14 @@ def test_verify_sampled_follows_the_enumerated_rule(case, one_hot, uniforms):
     for i, x in enumerate(tokens):
         u, v = uniforms[i]
         if q_draft is None:
-            pick = inverse_cdf(p_target[i], u)
+            pick = drawn(p_target[i], u)
             if pick != x:
                 assert verdict == Verdict(i, pick)
                 return
         elif not u * q_draft[i, x] < p_target[i][x]:
-            assert verdict == Verdict(i, inverse_cdf(residual(p_target[i], q_draft[i], x), v))
+            assert verdict == Verdict(i, drawn(residual(p_target[i], q_draft[i], x), v))
             return
-    assert verdict == Verdict(len(tokens), inverse_cdf(p_target[len(tokens)], uniforms[len(tokens)][0]))
+    assert verdict == Verdict(len(tokens), drawn(p_target[len(tokens)], uniforms[len(tokens)][0]))
 
 
 def test_sampled_first_tokens_follow_the_target():

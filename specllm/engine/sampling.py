@@ -146,13 +146,13 @@ def _most_likely_first(p: np.ndarray, mass: float) -> np.ndarray:
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """One token id drawn from a probability row (inverse CDF on one uniform). Where few tokens have
-    any probability (a top-k row), over those only: the same partial sums at their indices, so the
-    same token for the same uniform, without a cumulative sum over the whole vocabulary."""
+    """One token id drawn from a probability row with one uniform (`pick`), over the tokens with any
+    probability. Where nearly every token has some (filters off), by inverse CDF over the ids:
+    hashing 151,936 ids would cost milliseconds a token."""
     positive = probs > 0
     if 0 < np.count_nonzero(positive) <= probs.size // 8:  # counted first: listing a dense row's support costs more
         support = np.flatnonzero(positive)
-        return _inverse_cdf(support, probs[support], rng)
+        return pick(support, probs[support], rng.random())
     cdf = np.cumsum(probs)
     u = rng.random() * cdf[-1]
     return int(min(np.searchsorted(cdf, u, side="right"), probs.size - 1))
@@ -166,15 +166,31 @@ def draw(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -
         probs = np.zeros(logits.size)
         probs[keep] = p
         return sample(probs, rng)
-    order = np.argsort(keep)  # by token id, as `sample` sums them
-    return _inverse_cdf(keep[order], p[order], rng)
+    order = np.argsort(keep)  # by token id, as `sample` lists them
+    return pick(keep[order], p[order], rng.random())
 
 
-def _inverse_cdf(tokens: np.ndarray, probs: np.ndarray, rng: np.random.Generator) -> int:
-    """The token whose cumulative probability (in the order given: by id) first passes one uniform."""
-    cdf = np.cumsum(probs)
-    u = rng.random() * cdf[-1]
-    return int(tokens[min(np.searchsorted(cdf, u, side="right"), tokens.size - 1)])
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def pick(tokens: np.ndarray, probs: np.ndarray, u: float) -> int:
+    """The token one uniform `u` draws from `probs` (over `tokens`, by id): Gumbel-max, each token's
+    Gumbel noise a hash of u's 53 bits and the token's id, so the draw is an exact sample, and two
+    rows that differ a little (llama.cpp rounds a token in a batch differently from one alone) give
+    the same token unless they nearly tie under that noise: inverse CDF over the ids moves the
+    boundaries of every token after a changed one (on the default pair's rows at --temp 0.8, batch
+    against single: 3.5% of draws differed, 1.9% by Gumbel-max; the argmax 1.4%)."""
+    with np.errstate(over="ignore"):  # the hash multiplies modulo 2**64
+        bits = _mix(np.uint64(int(u * 2**53)) ^ _mix(tokens.astype(np.uint64) + _GOLDEN))
+    uniforms = (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53 + 2.0**-54  # in (0, 1)
+    return int(tokens[np.argmax(np.log(probs) - np.log(-np.log(uniforms)))])
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: 64 well-mixed bits from 64."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
 def argmax(logits: np.ndarray) -> int:
