@@ -311,7 +311,7 @@ BAD = {  # name: (path, body as sent, status, the param or code the error names)
     "max_tokens negative": ("/v1/chat/completions", {**GOOD, "max_tokens": -3}, 400, "max_tokens"),
     "max_tokens a string": ("/v1/chat/completions", {**GOOD, "max_tokens": "4"}, 400, "max_tokens"),
     "max_tokens a boolean": ("/v1/chat/completions", {**GOOD, "max_tokens": True}, 400, "max_tokens"),
-    "max_tokens beyond the context": ("/v1/chat/completions", {**GOOD, "max_tokens": N_CTX}, 400, "context_length_exceeded"),
+    "max_tokens beyond the context": ("/v1/chat/completions", {**GOOD, "max_tokens": N_CTX + 1}, 400, "context_length_exceeded"),
     "prompt beyond the context": ("/v1/completions", {"prompt": "word " * (2 * N_CTX), "max_tokens": 4}, 400, "context_length_exceeded"),
     "messages beyond the context": ("/v1/chat/completions", {**GOOD, "messages": [{"role": "user", "content": "word " * (2 * N_CTX)}]}, 400, "context_length_exceeded"),
     "temperature a string": ("/v1/chat/completions", {**GOOD, "temperature": "hot"}, 400, "temperature"),
@@ -366,6 +366,15 @@ def test_every_bad_input_gets_an_openai_error_and_the_server_keeps_serving(tiny_
     assert raw(url, "GET", "/v1/nowhere")[0] == 404
     assert raw(url, "GET", "/v1/chat/completions")[0] == 405
     assert raw(url, "POST", "/v1/chat/completions", GOOD)[0] == 200  # still serving
+
+
+def test_a_max_tokens_that_fits_the_context_but_not_beside_the_prompt_runs_until_it_is_full(tiny_server):
+    """Editors send a fixed max_tokens (Continue: 4096) whatever the prompt: the answer runs until the
+    context is full, as llama.cpp's and Ollama's servers run it, rather than a 400 for every request."""
+    url, _ = tiny_server
+    reply = client(url).completions.create(model="tiny", prompt=CODE, max_tokens=N_CTX, temperature=0)
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.prompt_tokens + reply.usage.completion_tokens == N_CTX
 
 
 def test_the_openai_client_sees_the_errors_as_its_own_exceptions(tiny_server):

@@ -99,11 +99,12 @@ def check_length(request: Request, prompt_tokens: int, n_ctx: int) -> int:
                        "messages" if request.kind == "chat" else "prompt", "context_length_exceeded")  # fmt: skip
     if request.max_tokens is None:
         return n_ctx - prompt_tokens
-    if prompt_tokens + request.max_tokens > n_ctx:
-        raise ApiError(400, f"the context holds {n_ctx} tokens, but {prompt_tokens + request.max_tokens} were asked "
-                       f"for ({prompt_tokens} of prompt, {request.max_tokens} of max_tokens)",
+    if request.max_tokens > n_ctx:
+        raise ApiError(400, f"max_tokens is {request.max_tokens}, more than the context holds ({n_ctx} tokens)",
                        "max_tokens", "context_length_exceeded")  # fmt: skip
-    return request.max_tokens
+    # One that fits the context but not beside this prompt runs until the context is full ("length"), as
+    # llama.cpp's and Ollama's servers do: editors send a fixed max_tokens (4096, say) with every prompt.
+    return min(request.max_tokens, n_ctx - prompt_tokens)
 
 
 # -- fields ----------------------------------------------------------------------------------
