@@ -290,11 +290,12 @@ def test_out_of_bounds_flags_are_usage_errors(home, tiny_pair, flags, problem):
         (["chat", "--top-p", "2"], "--top-p must be in [0, 1]"),
         (["bench", "--repeats", "0"], "--repeats and --limit must be at least 1"),
         (["bench", "--strategies", "off,fast"], "unknown strategies fast"),
+        (["bench", "--categories", ",,"], "--categories ',,' names no category"),
         (["bench", "--json", "/no/such/folder/out.json"], "--json /no/such/folder/out.json: the folder /no/such/folder does not exist"),
         (["run", "-m"], "Option '-m' requires an argument. (see `specllm --help`)"),
         (["launch"], "No such command 'launch'"),
     ],
-    ids=["chat top-p", "bench repeats", "bench strategies", "bench json folder", "missing value", "unknown command"],
+    ids=["chat top-p", "bench repeats", "bench strategies", "bench categories", "bench json folder", "missing value", "unknown command"],
 )
 def test_other_usage_errors(home, args, problem):
     assert_one_error(specllm_here(home, *args), 2, problem)

@@ -59,7 +59,10 @@ def bench(
         _check_matplotlib()
     for flag, target in (("--json", json_file), ("--plot", plot)):
         _check_output(flag, target)
-    workload = load_prompts(prompts, _split(categories), limit)
+    wanted = _split(categories)
+    if categories is not None and not wanted:
+        raise UsageError(f"--categories {categories!r} names no category")
+    workload = load_prompts(prompts, wanted, limit)
     spec = SpecConfig("ngram+draft", draft_max, draft_p_min, ngram_min, ngram_max).validate()
     engine = c.open_engine(model, draft, spec, ctx_size, threads, gpu_layers, gpu_layers_draft, exact)
     if any(s in ("draft", "ngram+draft") for s in chosen) and engine.draft is None:
