@@ -182,7 +182,7 @@ class JobResponse:
         while True:
             kind, payload = await self.events.get()
             if kind == "text":
-                piece = content.push(payload) if content else payload
+                piece = content.push(payload) if content is not None else payload
                 if piece:
                     await self._event(send, self.render.chunk(piece))
             elif kind == "error":

@@ -3,12 +3,13 @@
 The request's `tools` go to the model's chat template, which tells the model to answer a call as
 `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`. The answer's text before the
 first call is its content; the calls become `tool_calls`, with `finish_reason: "tool_calls"`.
-Small models often write the call's JSON without the tags, bare or in a ```json block (Qwen2.5-
-Coder 1.5B does); an answer that is nothing but such a call to one of the request's tools is read
-as one too, as llama.cpp's server reads it. A call that is required (`tool_choice: "required"`, or
-a named function) is begun in the prompt (`prefill`): the model writes the rest of it, so nothing
-constrains its distribution beyond that opening. An answer whose call cannot be read (cut by
-`max_tokens`, not JSON) is sent as text. Pure functions, no I/O.
+Small models often write calls' JSON without the tags, bare or in ```json blocks (Qwen2.5-Coder
+1.5B does, several calls in one block); an answer that is nothing but such calls to the request's
+tools is read as them, as llama.cpp's server reads it. A call that is required (`tool_choice:
+"required"`, or a named function) is begun in the prompt up to its name (`prefill`): the model
+writes the rest, so nothing constrains its distribution beyond that opening. An answer whose call
+cannot be read (cut by `max_tokens` or a stop string, not JSON) is sent as the text the model
+wrote. Pure functions, no I/O.
 """
 
 from __future__ import annotations
