@@ -134,3 +134,25 @@ def test_invalid_user_file_is_one_error_line(home, capsys):
         main(["models"])
     err = capsys.readouterr().err
     assert err == f"Error: {home / 'models.toml'}: model #1 ('x'): missing required field 'file', 'sha256', 'size'\n"
+
+
+def test_rm_deletes_a_presets_files_from_the_cache_and_pull_brings_them_back(home):
+    models = user_models(home)
+    assert CliRunner().invoke(app, ["pull"]).exit_code == 0
+    (models / "unrelated.gguf").write_bytes(b"GGUF")
+    result = CliRunner().invoke(app, ["rm", "tiny"])
+    assert result.exit_code == 0 and result.stdout == ""
+    assert result.stderr.splitlines() == [f"tiny-target: removed 2.0 KiB  {models / 'tiny-target.gguf'}",
+                                          f"tiny-draft: removed 100 B  {models / 'tiny-draft.gguf'}"]  # fmt: skip
+    assert sorted(p.name for p in models.iterdir()) == ["unrelated.gguf"]
+    assert CliRunner().invoke(app, ["rm", "tiny-draft"]).stderr == "tiny-draft: not in the cache\n"
+    assert CliRunner().invoke(app, ["pull", "tiny-draft"]).exit_code == 0 and (models / "tiny-draft.gguf").is_file()
+
+
+def test_rm_of_an_unknown_name_deletes_nothing(home, capsys):
+    models = user_models(home)
+    assert CliRunner().invoke(app, ["pull", "tiny-draft"]).exit_code == 0
+    with pytest.raises(SystemExit) as info:
+        main(["rm", "tiny-draft", "ghost"])
+    assert info.value.code == 1 and capsys.readouterr().err.startswith("Error: unknown model 'ghost'")
+    assert (models / "tiny-draft.gguf").is_file()

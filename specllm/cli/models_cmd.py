@@ -1,4 +1,5 @@
-"""`specllm models` (what is known and what is cached) and `specllm pull` (download and verify)."""
+"""`specllm models` (what is known and what is cached), `specllm pull` (download and verify) and
+`specllm rm` (delete from the cache)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,27 @@ def pull(
             path = store.ensure_model(entry, progress=progress, warn=c.warn)
         size = sum((path.parent / f).stat().st_size for f in entry.files)
         _say(c.stderr, f"{entry.name}: {_size(size)} ok  {path}")
+
+
+@app.command("rm")
+def rm(
+    names: Annotated[list[str], typer.Argument(metavar="PRESET_OR_MODEL...", help="Models, or presets (their target and draft).")],
+) -> None:
+    """Delete models' files from the cache (a preset: its target and draft). They download again when used."""
+    reg = catalog.load_registry()
+    entries = {entry.name: entry for name in names for entry in catalog.models_for(name, reg)}  # unknown names: an error, before any deletion
+    cache = catalog.cache_dir()
+    for entry in entries.values():
+        path = store.model_path(entry, cache)
+        files = [path.parent / f for f in entry.files]
+        present = [f for f in files + [hub.sidecar_path(f) for f in files] + [hub.part_path(f) for f in files] if f.is_file()]
+        if not present:
+            _say(c.stderr, f"{entry.name}: not in the cache")
+            continue
+        size = sum(f.stat().st_size for f in files if f.is_file())
+        for f in present:
+            f.unlink()
+        _say(c.stderr, f"{entry.name}: removed {_size(size)}  {path}")
 
 
 def _say(console: Console, line: str) -> None:
