@@ -103,7 +103,7 @@ class Conversation:
     messages: list[dict[str, str]] = field(default_factory=list)
 
     def all_messages(self) -> list[dict[str, str]]:
-        head = [{"role": "system", "content": self.system}] if self.system else []
+        head = [{"role": "system", "content": self.system}] if self.system is not None else []  # "": no system prompt, not the template's default
         return head + self.messages
 
     def add(self, role: str, content: str) -> None:

@@ -110,7 +110,8 @@ class Engine:
         """A user prompt as target tokens: through the chat template, or as is with `raw`."""
         if raw:
             return encode_raw(self.target, (system + "\n\n" if system else "") + text)
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        # an empty system prompt is one: the template's default (Qwen's "You are Qwen...") is left out
+        messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text}]
         return encode_messages(self.target, messages)
 
     def costs(self, max_batch: int | None = None) -> CostModel:

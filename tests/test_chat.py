@@ -206,7 +206,8 @@ def test_a_template_that_trims_contents_keeps_them():
 @pytest.mark.real
 def test_the_models_own_template_gives_its_default_system_prompt(smollm2_path, qwen_pair):
     """Rendered as Transformers renders the GGUF's Jinja template: with no system message, the one
-    the template puts there (llama.cpp's built-in chatml formatter leaves it out); with one, that one."""
+    the template puts there (llama.cpp's built-in chatml formatter leaves it out); with one, that
+    one; with an empty one (`--system ''`), none."""
     from specllm.backend import LlamaBackend, LoadOptions
 
     defaults = {smollm2_path: "You are a helpful AI assistant named SmolLM", qwen_pair[0]: "You are Qwen, created by Alibaba Cloud."}
@@ -219,5 +220,8 @@ def test_the_models_own_template_gives_its_default_system_prompt(smollm2_path, q
             assert default not in given and given.startswith("<|im_start|>system\nBe brief.<|im_end|>")
             tokens = encode_messages(model, user)
             assert model.tokenize(default) == tokens[3 : 3 + len(model.tokenize(default))]  # after <|im_start|>system\n
+            empty = model.apply_chat_template([{"role": "system", "content": ""}, *user])  # --system '': none at all
+            assert default not in empty and empty.startswith("<|im_start|>system\n<|im_end|>")
+            assert len(encode_messages(model, [{"role": "system", "content": ""}, *user])) < len(tokens)
         finally:
             model.close()

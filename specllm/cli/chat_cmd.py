@@ -53,7 +53,7 @@ def chat(
     engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact)
     loop = ChatLoop(
         engine,
-        Conversation(system or None),
+        Conversation(system),
         ChatSettings(params, max_tokens),
         spec_config.strategy,
         out=sys.stdout,

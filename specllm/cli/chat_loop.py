@@ -194,7 +194,7 @@ class ChatLoop:
         """A system prompt that leaves the context no room for a message is refused at the start:
         /clear keeps it, so no message could ever be sent."""
         n_ctx = self.engine.target.n_ctx
-        if self.conversation.system and (held := self.tokens_so_far()) >= n_ctx:
+        if self.conversation.system is not None and (held := self.tokens_so_far()) >= n_ctx:
             raise UsageError(f"the system prompt alone takes {held} tokens and the context holds {n_ctx}: shorten it or raise --ctx-size")
 
     def refuse(self, prompt: list[int], n_ctx: int) -> None:
