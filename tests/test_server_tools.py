@@ -16,6 +16,7 @@ import pytest
 
 from specllm.engine.decode import Done, PrefillDone, StepDone, TokenCommitted
 from specllm.server import tools
+from specllm.server.tools import OPEN
 from specllm.server.app import Service
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.test_server import TINY, client, raw, running
@@ -71,6 +72,7 @@ TEXTS = {  # what a model writes -> (content, calls)
     "JSON that names a tool among other keys": ('{"name": "get_weather", "version": 2}', ('{"name": "get_weather", "version": 2}', [])),
     "a block beside words": ('Like this:\n```json\n{"name": "get_weather"}\n```', ('Like this:\n```json\n{"name": "get_weather"}\n```', [])),
     "words and white space before a call": ("Let me check.\n\n" + CALL, ("Let me check.", [PARIS])),
+    "words after the call": ("Checking.\n" + CALL + "\nI will tell you when I know.\n", ("Checking.\n\nI will tell you when I know.", [PARIS])),
     "plain words": ("It is sunny, I think.", ("It is sunny, I think.", [])),
     "a tag's beginning, and no tag": ("a <tool_ca", ("a <tool_ca", [])),
 }
@@ -84,8 +86,8 @@ def test_calls_are_read_out_of_what_the_model_wrote(name):
 
 @pytest.mark.parametrize("name", TEXTS)
 def test_streamed_content_never_shows_a_call_and_adds_up_to_the_whole(name):
-    """However the text arrives in pieces, the content streamed before the end is the whole answer's
-    content where it has calls (never a piece of one), and all of its text where it has none."""
+    """However the text arrives in pieces, the content streamed before the end begins the whole
+    answer's content where it has calls (never a piece of one), and is all of its text where it has none."""
     text, (content, calls) = TEXTS[name]
     rng = random.Random(7)
     for _ in range(50):
@@ -95,7 +97,7 @@ def test_streamed_content_never_shows_a_call_and_adds_up_to_the_whole(name):
         sent = "".join(stream.push(piece) for piece in pieces)
         assert stream.text == text
         if calls:
-            assert sent == (content or "")
+            assert (content or "").startswith(sent) and OPEN not in sent  # the rest is sent at the end
         else:
             assert sent + stream.held() == text
 
@@ -158,6 +160,14 @@ def ask(server, script: list[str], messages=ASK, **kwargs):
 def streamed_calls(chunks) -> list[dict]:
     calls = [call for c in chunks for call in (c.choices[0].delta.tool_calls or [])]
     return [{"name": call.function.name, "arguments": call.function.arguments} for call in calls]
+
+
+def test_words_after_a_call_are_content_whole_and_streamed(scripted_server):
+    script = ["<tool_call>\n{\"name\": \"get_time\"}\n</tool_call>", "\nThen I will ", "answer."]
+    whole, chunks = ask(scripted_server, script, tools=[WEATHER, TIME])
+    assert whole.finish_reason == "tool_calls" and whole.message.content == "Then I will answer."
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Then I will answer."
+    assert streamed_calls(chunks) == [{"name": "get_time", "arguments": "{}"}]
 
 
 def test_a_call_comes_back_as_tool_calls_whole_and_streamed(scripted_server):

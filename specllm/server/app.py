@@ -191,8 +191,11 @@ class JobResponse:
             elif kind == "done":
                 usage, reason = schema.usage(payload.stats, self.strategy), self._reason(payload)
                 if content is not None:
-                    _, found = tools.split(content.text, self.tool_names)
+                    text, found = tools.split(content.text, self.tool_names)
                     if found:
+                        rest = (text or "")[len(content.sent_text()) :]  # text between or after the calls
+                        if rest:
+                            await self._event(send, self.render.chunk(rest))
                         await self._event(send, self.render.chunk(None, tool_calls=[call.wire(i) for i, call in enumerate(found)]))
                         reason = "tool_calls"
                     elif content.held():

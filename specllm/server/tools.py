@@ -1,8 +1,8 @@
 """Tool calls (OpenAI's function calling) as Qwen2.5's and Hermes' chat templates write them.
 
 The request's `tools` go to the model's chat template, which tells the model to answer a call as
-`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`. The answer's text before the
-first call is its content; the calls become `tool_calls`, with `finish_reason: "tool_calls"`.
+`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`. The answer's text outside the
+calls is its content; the calls become `tool_calls`, with `finish_reason: "tool_calls"`.
 Small models often write calls' JSON without the tags, bare or in ```json blocks (Qwen2.5-Coder
 1.5B does, several calls in one block); an answer that is nothing but such calls to the request's
 tools is read as them, as llama.cpp's server reads it. A call that is required (`tool_choice:
@@ -46,21 +46,28 @@ def prefill(tool_choice: str | dict) -> str:
 
 
 def split(text: str, names: list[str]) -> tuple[str | None, list[ToolCall]]:
-    """The content before the first call (trailing white space dropped, None when empty) and the
-    calls: to any name in tags, to one of `names` in an answer that is only calls' JSON (bare, in
-    ```json blocks, one after another or in a list); (text, []) where no call can be read."""
+    """The content (the text before the first call, its trailing white space dropped, then any text
+    between or after the calls, a paragraph each; None when empty) and the calls: to any name in
+    tags, to one of `names` in an answer that is only calls' JSON (bare, in ```json blocks, one after
+    another or in a list); (text, []) where no call can be read."""
     start = text.find(OPEN)
     if start < 0:
         bare = _bare_calls(text, names)
         return (None, bare) if bare else (text, [])
-    calls = []
+    calls, content, at = [], text[:start].rstrip(), start
     for match in _CALL.finditer(text, start):
         call = _read(match.group(1))
         if call is None:
             return text, []
         calls.append(call)
-    content = text[:start].rstrip()
+        content = _with_paragraph(content, text[at : match.start()] if at > start else "")
+        at = match.end()
+    content = _with_paragraph(content, text[at:])
     return content or None, calls
+
+
+def _with_paragraph(content: str, text: str) -> str:
+    return "\n\n".join(part for part in (content, text.strip()) if part)
 
 
 def _bare_calls(text: str, names: list[str]) -> list[ToolCall]:
@@ -149,7 +156,7 @@ class ContentText:
 
     def __init__(self, prefill: str = ""):
         self.text = prefill  # the answer's text, a prompt's opening of a call included, for `split`
-        self.sent = len(prefill)  # characters of `text` sent as content (the opening counts: it is never content)
+        self.sent = self.opening = len(prefill)  # characters of `text` sent as content (the opening counts: it is never content)
         self.calling = bool(prefill)
         self.bare: bool | None = None if not prefill else False  # whether the answer begins with a call's bare JSON
 
@@ -171,6 +178,10 @@ class ContentText:
         end = max(self.sent, len(self.text[:end].rstrip()))
         out, self.sent = self.text[self.sent : end], end
         return out
+
+    def sent_text(self) -> str:
+        """What was sent as content so far."""
+        return self.text[: self.sent][self.opening :]
 
     def held(self) -> str:
         """What was held back and not sent, the prompt's opening apart: the calls' text, or text
