@@ -45,11 +45,7 @@ def encode_messages(backend, messages: list[dict], add_assistant: bool = True, t
     marker = f"\ue000specllm{secrets.token_hex(4)}:"
     # an empty content stays empty: templates test it ("if message.content")
     placeholders = [{**m, "content": f"{marker}{i}\ue001"} if m.get("content") else m for i, m in enumerate(messages)]
-    if tools:
-        rendered = backend.apply_chat_template(placeholders, add_assistant, tools=tools)
-    else:
-        rendered = backend.apply_chat_template(placeholders, add_assistant)
-    rendered += prefill
+    rendered = backend.apply_chat_template(placeholders, add_assistant, tools) + prefill
     tokens: list[int] = []
     if getattr(backend, "add_bos", False):
         tokens += backend.tokenize("", add_special=True, parse_special=False)

@@ -135,7 +135,7 @@ class ChatFakeBackend(FakeBackend):
     def tokenize(self, text, *, add_special=False, parse_special=False):
         return [(ord(ch) - ord("a")) % self.n_vocab for ch in text]
 
-    def apply_chat_template(self, messages, add_assistant=True):
+    def apply_chat_template(self, messages, add_assistant=True, tools=None):
         rendered = "".join(f"<{m['role']}>{m['content']}|" for m in messages)
         return rendered + ("<assistant>" if add_assistant else "")
 

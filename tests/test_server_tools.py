@@ -265,7 +265,8 @@ def test_qwen_calls_the_weather_tool_and_reads_its_result(qwen_engine):
                                                          temperature=0, stream=True) if c.choices]  # fmt: skip
         assert whole.choices[0].finish_reason == "tool_calls", whole.choices[0].message
         (call,) = whole.choices[0].message.tool_calls
-        assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+        arguments = json.loads(call.function.arguments)  # "Paris" or "Paris, France": kernels may tip a near tie
+        assert call.function.name == "get_weather" and set(arguments) == {"city"} and "Paris" in arguments["city"]
         assert streamed_calls(chunks) == [{"name": "get_weather", "arguments": call.function.arguments}]
         history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                          {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"celsius": 14, "sky": "cloudy"})}]  # fmt: skip

@@ -51,7 +51,7 @@ class Service:
                 if template is not None and template.takes_tools and not template.writes_tool_call_tags:
                     raise ApiError(400, f"the chat template of {target.path.name} writes tool calls in a format specllm does not read "
                                    "(it reads <tool_call> tags, as Qwen2.5's and Hermes' templates write them)", "tools")  # fmt: skip
-            return encode_messages(target, request.messages, tools=request.tools, prefill=tools.prefill(request.tool_choice) if request.tools else "")
+            return encode_messages(target, request.messages, tools=request.tools, prefill=request.tool_prefill)
         if request.suffix is not None:
             return encode_infill(target, request.prompt, request.suffix)
         if isinstance(request.prompt, list):
@@ -132,8 +132,6 @@ class JobResponse:
 
     def __init__(self, job: Job, events: asyncio.Queue, request: schema.Request, render: Renderer, strategy: str):
         self.job, self.events, self.request, self.render, self.strategy = job, events, request, render, strategy
-        self.prefill = tools.prefill(request.tool_choice) if request.tools else ""  # a required call's opening, in the prompt
-        self.tool_names = [tool["function"]["name"] for tool in request.tools or []]
 
     async def __call__(self, scope, receive, send) -> None:
         watcher = asyncio.ensure_future(self._watch(receive))
@@ -167,7 +165,7 @@ class JobResponse:
             elif kind == "done":
                 text, reason, calls = "".join(pieces), self._reason(payload), None
                 if self.request.tools:
-                    content, found = tools.split(self.prefill + text, self.tool_names)
+                    content, found = tools.split(self.request.tool_prefill + text, self.request.tool_names)
                     if found:  # else the model's own text, a required call's opening apart
                         text, calls, reason = content, [call.wire() for call in found], "tool_calls"
                 body = self.render.whole(text, reason, schema.usage(payload.stats, self.strategy), calls)
@@ -178,7 +176,7 @@ class JobResponse:
                    (b"x-accel-buffering", b"no")]  # fmt: skip
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await self._event(send, self.render.chunk(None, first=True) if self.request.kind == "chat" else None)
-        content = tools.ContentText(self.prefill) if self.request.tools else None  # text before a tool call
+        content = tools.ContentText(self.request.tool_prefill) if self.request.tools else None  # text before a tool call
         while True:
             kind, payload = await self.events.get()
             if kind == "text":
@@ -191,7 +189,7 @@ class JobResponse:
             elif kind == "done":
                 usage, reason = schema.usage(payload.stats, self.strategy), self._reason(payload)
                 if content is not None:
-                    text, found = tools.split(content.text, self.tool_names)
+                    text, found = tools.split(content.text, self.request.tool_names)
                     if found:
                         rest = (text or "")[len(content.sent_text()) :]  # text between or after the calls
                         if rest:

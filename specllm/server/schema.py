@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from specllm.engine.sampling import SamplingParams
 from specllm.engine.stats import Stats
+from specllm.server.tools import prefill
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 TOOL_CHOICES = ("none", "auto", "required")
@@ -52,6 +53,15 @@ class Request:
     suffix: str | None = None  # completion: the text after the gap, for fill-in-the-middle
     tools: list[dict] | None = None  # chat: function definitions for the template (None: none, or tool_choice "none")
     tool_choice: str | dict = "auto"  # "auto", "required", or {"type": "function", "function": {"name": ...}}
+
+    @property
+    def tool_prefill(self) -> str:
+        """The markup a required call's answer starts with, in the prompt ("" without tools)."""
+        return prefill(self.tool_choice) if self.tools else ""
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [tool["function"]["name"] for tool in self.tools or []]
 
 
 def parse(kind: str, body: object) -> Request:

@@ -71,9 +71,10 @@ def _with_paragraph(content: str, text: str) -> str:
 
 
 def _bare_calls(text: str, names: list[str]) -> list[ToolCall]:
-    fenced = [m.group(1) for m in _FENCES.finditer(text)]
-    if fenced and sum(len(m.group(0)) for m in _FENCES.finditer(text)) != len(text):
+    blocks = list(_FENCES.finditer(text))
+    if blocks and sum(len(m.group(0)) for m in blocks) != len(text):
         return []  # words beside the blocks: an answer that shows JSON, not a call
+    fenced = [m.group(1) for m in blocks]
     values = [value for body in (fenced or [text]) for value in _json_values(body)]
     items = [item for value in values for item in (value if isinstance(value, list) else [value])]
     if not items or not all(isinstance(item, dict) and set(item) <= _BARE_KEYS and item.get("name") in names for item in items):
