@@ -312,22 +312,24 @@ class LlamaBackend:
         tokens = (lib.llama_vocab_fim_pre(vocab), lib.llama_vocab_fim_suf(vocab), lib.llama_vocab_fim_mid(vocab))
         return None if min(tokens) < 0 else tuple(int(t) for t in tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_assistant: bool = True, tools: list[dict] | None = None) -> str:
+    def apply_chat_template(self, messages: list[dict], add_assistant: bool = True, tools: list[dict] | None = None,
+                            variables: dict | None = None) -> str:  # fmt: skip
         """Render messages with the model's own template: its Jinja text as Transformers renders it
         (so a default system prompt the template has, Qwen's or SmolLM2's, is there when no system
         message is), else, where that cannot render, llama.cpp's built-in formatter for its family.
-        `tools` (OpenAI's function definitions) only where the Jinja template takes them."""
+        `tools` (OpenAI's function definitions) only where the Jinja template takes them; `variables`
+        are the template's own switches (`enable_thinking`), which the built-in formatter has none of."""
         template = self.chat_template()
         if tools:
             if template is None or not template.takes_tools:
                 raise SpecllmError(f"the chat template of {self.path.name} does not take tools")
             try:
-                return template.render(messages, add_assistant, tools)
+                return template.render(messages, add_assistant, tools, variables)
             except Exception as exc:  # noqa: BLE001 - the template refused these messages
                 raise SpecllmError(f"the chat template of {self.path.name} cannot render these messages: {exc}") from None
         try:
             if template is not None:
-                return template.render(messages, add_assistant)
+                return template.render(messages, add_assistant, variables=variables)
         except Exception:  # noqa: BLE001 - a template this renderer cannot run on these messages
             pass
         return self._render_built_in(self._template_text(), messages, add_assistant)

@@ -17,6 +17,7 @@ from datetime import datetime
 
 from specllm.engine.sampling import SamplingParams
 from specllm.errors import UsageError
+from specllm.reasoning import ThinkSplitter, template_thinks
 
 
 def encode_raw(backend, text: str) -> list[int]:
@@ -37,15 +38,17 @@ def encode_infill(backend, prefix: str, suffix: str) -> list[int]:
     return tokens + [pre] + backend.tokenize(prefix) + [suf] + backend.tokenize(suffix) + [mid]
 
 
-def encode_messages(backend, messages: list[dict], add_assistant: bool = True, tools: list[dict] | None = None, prefill: str = "") -> list[int]:
+def encode_messages(backend, messages: list[dict], add_assistant: bool = True, tools: list[dict] | None = None, prefill: str = "",
+                    variables: dict | None = None) -> list[int]:  # fmt: skip
     """Render with the model's chat template; contents are tokenized without parsing special tokens.
-    `tools` (OpenAI's function definitions) go to the template; `prefill` is markup the answer
+    `tools` (OpenAI's function definitions) go to the template, and `variables` (a client's
+    `chat_template_kwargs`, such as Qwen3's `enable_thinking`); `prefill` is markup the answer
     starts with (a tool call's opening, where one is required)."""
     # Private-use characters: no template's `trim` (Python's strip) removes them, as it would \x1f.
     marker = f"\ue000specllm{secrets.token_hex(4)}:"
     # an empty content stays empty: templates test it ("if message.content")
     placeholders = [{**m, "content": f"{marker}{i}\ue001"} if m.get("content") else m for i, m in enumerate(messages)]
-    rendered = backend.apply_chat_template(placeholders, add_assistant, tools) + prefill
+    rendered = backend.apply_chat_template(placeholders, add_assistant, tools, variables) + prefill
     tokens: list[int] = []
     if getattr(backend, "add_bos", False):
         tokens += backend.tokenize("", add_special=True, parse_special=False)
@@ -57,6 +60,30 @@ def encode_messages(backend, messages: list[dict], add_assistant: bool = True, t
         position = match.end()
     tokens += backend.tokenize(rendered[position:], parse_special=True)
     return tokens
+
+
+def thinking_variables(backend, think: bool) -> dict | None:
+    """The template variables for `think` (False: `--no-think`): None where the model's template
+    does not think (nothing to turn off); UsageError where it thinks and has no switch."""
+    template = _template(backend)
+    if think or template is None or not template.thinks:
+        return None
+    if not template.can_stop_thinking:
+        raise UsageError(f"--no-think: the chat template of {backend.path.name} has no switch to answer without thinking")
+    return {"enable_thinking": False}
+
+
+def reasoning_splitter(backend, prompt: list[int]) -> ThinkSplitter | None:
+    """Where the model's template thinks, what tells the reply to `prompt` into reasoning and
+    answer (the prompt's end says whether the block is open already); else None: all answer."""
+    template = _template(backend)
+    if template is None or not template.thinks:
+        return None
+    return ThinkSplitter(b"".join(backend.token_bytes(t) for t in prompt[-16:]).decode("utf-8", "replace"))
+
+
+def _template(backend) -> "ChatTemplate | None":
+    return backend.chat_template() if hasattr(backend, "chat_template") else None  # test doubles have none
 
 
 class ChatTemplate:
@@ -76,9 +103,13 @@ class ChatTemplate:
         self.eos_token = eos_token
         self.takes_tools = "tools" in text
         self.writes_tool_call_tags = "<tool_call>" in text  # Qwen2.5's and Hermes' format
+        self.thinks = template_thinks(text)  # Qwen3, QwQ, DeepSeek-R1's distillations
+        self.can_stop_thinking = "enable_thinking" in text  # Qwen3's switch
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
-        return self._template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, bos_token="", eos_token=self.eos_token)
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+               variables: dict | None = None) -> str:  # fmt: skip
+        fixed = {"messages": messages, "tools": tools, "add_generation_prompt": add_generation_prompt, "bos_token": "", "eos_token": self.eos_token}
+        return self._template.render({**(variables or {}), **fixed})  # a variable never replaces the messages
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:

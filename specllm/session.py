@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specllm.backend import DeferredBackend, LlamaBackend, LoadOptions, system_info
-from specllm.chat import encode_messages, encode_raw
+from specllm.chat import encode_messages, encode_raw, thinking_variables
 from specllm.engine.auto import AutoDrafter
 from specllm.engine.costmodel import (
     CALIBRATION_METHOD,
@@ -106,13 +106,14 @@ class Engine:
             if spec.strategy != "auto":
                 self.draft.load()  # the fixed strategies draft with it from the first step
 
-    def encode(self, text: str, system: str | None = None, raw: bool = False) -> list[int]:
-        """A user prompt as target tokens: through the chat template, or as is with `raw`."""
+    def encode(self, text: str, system: str | None = None, raw: bool = False, think: bool = True) -> list[int]:
+        """A user prompt as target tokens: through the chat template, or as is with `raw`;
+        `think` False asks a thinking model to answer at once (`--no-think`)."""
         if raw:
             return encode_raw(self.target, (system + "\n\n" if system else "") + text)
         # an empty system prompt is one: the template's default (Qwen's "You are Qwen...") is left out
         messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text}]
-        return encode_messages(self.target, messages)
+        return encode_messages(self.target, messages, variables=thinking_variables(self.target, think))
 
     def costs(self, max_batch: int | None = None) -> CostModel:
         """This machine's cost curve for these models: from the cost cache when it matches, else measured."""

@@ -12,7 +12,7 @@ import signal
 import numpy as np
 
 from specllm.chat import encode_messages
-from specllm.engine.decode import Decoder, fixed_budget
+from specllm.engine.decode import Decoder, Done, PrefillDone, StepDone, TokenCommitted, fixed_budget
 from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
 from specllm.engine.sampling import SamplingParams
 
@@ -135,7 +135,7 @@ class ChatFakeBackend(FakeBackend):
     def tokenize(self, text, *, add_special=False, parse_special=False):
         return [(ord(ch) - ord("a")) % self.n_vocab for ch in text]
 
-    def apply_chat_template(self, messages, add_assistant=True, tools=None):
+    def apply_chat_template(self, messages, add_assistant=True, tools=None, variables=None):
         rendered = "".join(f"<{m['role']}>{m['content']}|" for m in messages)
         return rendered + ("<assistant>" if add_assistant else "")
 
@@ -182,3 +182,20 @@ def reference_reply(messages, max_tokens, n_ctx=512, seed=0, eog=None) -> str:
     target = ChatFakeBackend(seed=seed, n_ctx=n_ctx, eog=eog)
     events = list(Decoder(target).generate(encode_messages(target, messages), max_tokens, SamplingParams(temperature=0.0), np.random.default_rng(0)))
     return events[-1].text
+
+
+class Scripted:
+    """A decoder that writes `script` (pieces of text, one a token) whatever the prompt, as a model
+    would write it where a tiny model's own text is noise; it keeps the prompts it was given."""
+
+    def __init__(self, script: list[str] | None = None):
+        self.script: list[str] = list(script or [])
+        self.prompts: list[list[int]] = []
+
+    def generate(self, prompt, max_tokens, params, rng, stop=None):
+        self.prompts.append(list(prompt))
+        yield PrefillDone(len(prompt), 0, 0.0)
+        for i, piece in enumerate(self.script):
+            yield TokenCommitted(i, piece, "target")
+            yield StepDone(None, 0, 0, 1, 0.0, 0.001, 0.001)
+        yield Done("stop", list(range(len(self.script))), "".join(self.script))

@@ -194,8 +194,8 @@ def test_encode_messages_keeps_typed_markup_as_text():
 class _TrimmingTemplate(ChatFakeBackend):
     """A template that trims every message (Llama 3's does): `strip` would cut a \\x1f marker."""
 
-    def apply_chat_template(self, messages, add_assistant=True, tools=None):
-        return super().apply_chat_template([{**m, "content": m["content"].strip()} for m in messages], add_assistant, tools)
+    def apply_chat_template(self, messages, add_assistant=True, tools=None, variables=None):
+        return super().apply_chat_template([{**m, "content": m["content"].strip()} for m in messages], add_assistant, tools, variables)
 
 
 def test_a_template_that_trims_contents_keeps_them():

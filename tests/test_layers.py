@@ -23,6 +23,7 @@ PACKAGE = ROOT / "specllm"
 RANK = {  # module prefix -> layer
     "specllm.errors": 0,
     "specllm.engine": 1,
+    "specllm.reasoning": 1,
     "specllm.backend": 2,
     "specllm.models": 2,
     "specllm.chat": 2,

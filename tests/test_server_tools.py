@@ -14,11 +14,11 @@ import random
 import openai
 import pytest
 
-from specllm.engine.decode import Done, PrefillDone, StepDone, TokenCommitted
 from specllm.server import tools
 from specllm.server.tools import OPEN
 from specllm.server.app import Service
 from specllm.session import Engine, ModelPaths, SpecConfig
+from tests.fakes import Scripted
 from tests.test_server import TINY, client, raw, running
 from tests.tiny_gguf import write_tiny_gguf
 
@@ -117,22 +117,6 @@ def test_a_required_call_is_begun_in_the_prompt_up_to_its_name():
 
 
 # -- through the server --------------------------------------------------------------------------
-
-
-class Scripted:
-    """A decoder that writes `script` (pieces of text) whatever the prompt; it keeps the prompts."""
-
-    def __init__(self):
-        self.script: list[str] = []
-        self.prompts: list[list[int]] = []
-
-    def generate(self, prompt, max_tokens, params, rng, stop=None):
-        self.prompts.append(list(prompt))
-        yield PrefillDone(len(prompt), 0, 0.0)
-        for i, piece in enumerate(self.script):
-            yield TokenCommitted(i, piece, "target")
-            yield StepDone(None, 0, 0, 1, 0.0, 0.001, 0.001)
-        yield Done("stop", list(range(len(self.script))), "".join(self.script))
 
 
 @pytest.fixture(scope="module")

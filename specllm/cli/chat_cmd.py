@@ -37,6 +37,7 @@ def chat(
     gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
     exact: o.Exact = o.LOAD.exact,
     system: o.System = None,
+    no_think: o.NoThink = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No statistics on stderr.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="A summary after each reply even when stderr is not a terminal.")] = False,
     color: o.Color = o.COLOR,
@@ -61,6 +62,7 @@ def chat(
         live=sys.stderr.isatty() and not quiet,
         summaries=not quiet and (sys.stderr.isatty() or verbose),
         colour=colour,
+        think=not no_think,
     )
     loop.check_system_prompt()
     if interactive and sys.stderr.isatty():

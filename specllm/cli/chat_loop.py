@@ -22,12 +22,15 @@ from specllm.chat import (
     apply_set,
     command_names,
     encode_messages,
+    reasoning_splitter,
+    thinking_variables,
     help_text,
     parse_command,
 )
 from specllm.cli.display import (
     RESET,
     LiveStatus,
+    ReasoningWriter,
     TokenWriter,
     colour_allowed,
     status_text,
@@ -37,6 +40,7 @@ from specllm.cli.interrupt import StopOnSignal
 from specllm.engine.decode import Done, StepDone, TokenCommitted
 from specllm.engine.stats import Stats
 from specllm.errors import SpecllmError, UsageError
+from specllm.reasoning import CONTENT
 from specllm.session import STRATEGIES
 
 ReadLine = Callable[[str], str]  # returns a line without its newline; EOFError at the end
@@ -58,11 +62,13 @@ class ChatLoop:
         live: bool = False,
         summaries: bool = False,
         colour: bool = False,
+        think: bool = True,
     ):
         self.engine, self.conversation, self.settings, self.strategy = engine, conversation, settings, strategy
         self.out = out or sys.stdout
         self.interactive, self.live, self.summaries, self.colour = interactive, live, summaries, colour
         self.decoder = engine.decoder(strategy)
+        self.variables = thinking_variables(engine.target, think)  # --no-think: the template's switch
         self.rng = np.random.default_rng(settings.params.seed)
         self.session = Stats()  # every event of every turn: /stats
         self.replies = 0
@@ -169,7 +175,7 @@ class ChatLoop:
     def send(self, text: str) -> None:
         """One turn: refuse what cannot fit, else generate and keep the reply (partial ones too)."""
         target = self.engine.target
-        prompt = encode_messages(target, self.conversation.all_messages() + [{"role": "user", "content": text}])
+        prompt = encode_messages(target, self.conversation.all_messages() + [{"role": "user", "content": text}], variables=self.variables)
         if len(prompt) >= target.n_ctx:
             self.refuse(prompt, target.n_ctx)
             return
@@ -188,7 +194,7 @@ class ChatLoop:
 
     def tokens_so_far(self) -> int:
         messages = self.conversation.all_messages()
-        return len(encode_messages(self.engine.target, messages, add_assistant=False)) if messages else 0
+        return len(encode_messages(self.engine.target, messages, add_assistant=False, variables=self.variables)) if messages else 0
 
     def check_system_prompt(self) -> None:
         """A system prompt that leaves the context no room for a message is refused at the start:
@@ -215,11 +221,25 @@ class ChatLoop:
             self.note("(interrupted; the partial reply is kept)")
 
     def reply(self, prompt: list[int]) -> tuple[str, str]:
-        """Stream one reply to `out`; returns (finish reason, text)."""
+        """Stream one reply to `out` (a thinking model's reasoning to stderr); returns (finish reason,
+        the answer: what the conversation keeps)."""
         stats, pieces, reason = Stats(), [], "interrupted"
         writer = TokenWriter(self.out, colour=self.colour)
+        splitter = reasoning_splitter(self.engine.target, prompt)
+        live = LiveStatus(self.live)
+        reasoning = ReasoningWriter(live, self.err)
+
+        def write(parts, source: str) -> None:
+            for kind, text in parts:
+                if kind == CONTENT:
+                    reasoning.end()
+                    writer.write(text, source)
+                    pieces.append(text)
+                else:
+                    reasoning.write(text)
+
         try:
-            with StopOnSignal() as stopper, LiveStatus(self.live) as live:
+            with StopOnSignal() as stopper, live:
                 events = self.decoder.generate(
                     prompt, self.settings.max_tokens, self.settings.params, self.rng, stop=stopper.requested
                 )
@@ -227,8 +247,7 @@ class ChatLoop:
                     stats.update(event)
                     self.session.update(event)
                     if isinstance(event, TokenCommitted):
-                        writer.write(event.text, event.source)
-                        pieces.append(event.text)
+                        write(splitter.push(event.text) if splitter else [(CONTENT, event.text)], event.source)
                     elif isinstance(event, StepDone):
                         live.update(stats)
                     elif isinstance(event, Done):
@@ -238,6 +257,9 @@ class ChatLoop:
                 raise
             # A second Ctrl-C lands mid-step: the KV caches may not match the history, so start afresh.
             self.decoder = self.engine.decoder(self.strategy)
+        if splitter:
+            write(splitter.finish(), "target")
+        reasoning.end()
         text = "".join(pieces)
         self.out.write("" if text.endswith("\n") or not text else "\n")
         if self.interactive and _isatty(self.out):

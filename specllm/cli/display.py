@@ -49,6 +49,41 @@ class TokenWriter:
         self.stream.flush()
 
 
+class ReasoningWriter:
+    """A thinking model's reasoning on stderr, dim on a terminal, while the answer goes to stdout.
+    Under a status line redrawn on stderr's last row (stdout elsewhere) it is written in whole
+    lines, each clearing the status first, which the next update draws again below it."""
+
+    def __init__(self, live: "LiveStatus", stream=None):
+        self.stream = stream or sys.stderr
+        self.by_line = live.enabled and not live.shared_terminal
+        self.dim = "\x1b[2m" if colour_allowed(self.stream) else ""
+        self._line = ""
+        self._ends_line = True
+
+    def write(self, text: str) -> None:
+        if self.by_line:
+            *lines, self._line = (self._line + text).split("\n")
+            for line in lines:
+                self._put(f"\r\x1b[2K{line}\n")
+        else:
+            sys.stdout.flush()  # the same terminal: what came before stays before
+            self._put(text)
+
+    def end(self) -> None:
+        """Reasoning is over: its last line ends, so the answer starts on a line of its own."""
+        if self._line:
+            self._put(f"\r\x1b[2K{self._line}\n")
+            self._line = ""
+        elif not self._ends_line:
+            self._put("\n")
+
+    def _put(self, text: str) -> None:
+        self.stream.write(f"{self.dim}{text}{RESET}" if self.dim else text)
+        self.stream.flush()
+        self._ends_line = text.endswith("\n")
+
+
 def status_text(stats: Stats) -> str:
     """One line: speed, acceptance by source, mean accepted length."""
     parts = [f"{stats.tokens} tok", f"{stats.tok_per_s:.1f} tok/s"]

@@ -12,10 +12,12 @@ import typer
 from specllm.cli import common as c
 from specllm.cli import options as o
 from specllm.cli.app import app
-from specllm.cli.display import LiveStatus, TokenWriter, summary_text, use_colour
+from specllm.chat import reasoning_splitter
+from specllm.cli.display import LiveStatus, ReasoningWriter, TokenWriter, summary_text, use_colour
 from specllm.cli.interrupt import StopOnSignal
 from specllm.engine.decode import Done, StepDone, TokenCommitted
 from specllm.engine.stats import Stats
+from specllm.reasoning import CONTENT
 from specllm.session import SpecConfig
 
 
@@ -41,6 +43,7 @@ def run(
     gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
     exact: o.Exact = o.LOAD.exact,
     system: o.System = None,
+    no_think: o.NoThink = False,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template (special tokens written in it read as such).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead of the text.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No statistics on stderr.")] = False,
@@ -54,23 +57,36 @@ def run(
     colour = use_colour(color, sys.stdout) and not as_json
     text = c.read_prompt(prompt)
     engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact)
-    tokens = engine.encode(text, system, raw)
+    tokens = engine.encode(text, system, raw, think=not no_think)
+    splitter = None if raw else reasoning_splitter(engine.target, tokens)  # a thinking model's reasoning apart
     stats, done = Stats(), None
     writer = TokenWriter(colour=colour)
     live_enabled = sys.stderr.isatty() and not quiet and not verbose
     with StopOnSignal(terminate=True) as stopper, LiveStatus(live_enabled) as live:
+        reasoning = ReasoningWriter(live)
         events = engine.decoder().generate(tokens, max_tokens, params, np.random.default_rng(params.seed), stop=stopper.requested)
         for event in events:
             stats.update(event)
-            if isinstance(event, TokenCommitted) and not as_json:
-                writer.write(event.text, event.source)
+            if isinstance(event, TokenCommitted):
+                pieces = splitter.push(event.text) if splitter else [(CONTENT, event.text)]
+                if not as_json:
+                    _write(pieces, writer, reasoning, event.source)
             elif isinstance(event, StepDone):
                 live.update(stats)
             elif isinstance(event, Done):
                 done = event
+        if splitter:
+            pieces = splitter.finish()
+            if not as_json:
+                _write(pieces, writer, reasoning, "target")
+                reasoning.end()
+    answer = "".join(splitter.content) if splitter else done.text
     if as_json:
-        print(json.dumps(_json_result(done, stats, engine, spec_config.strategy), ensure_ascii=False))
-    elif done.text and not done.text.endswith("\n"):
+        result = _json_result(done, stats, engine, spec_config.strategy)
+        if splitter:
+            result.update(text=answer, reasoning="".join(splitter.reasoning))
+        print(json.dumps(result, ensure_ascii=False))
+    elif answer and not answer.endswith("\n"):
         sys.stdout.write("\n")
     sys.stdout.flush()
     engine.keep_learned()  # after the text and JSON are out
@@ -79,6 +95,15 @@ def run(
     if done.finish_reason == "context" and not quiet:
         c.warn(f"stopped after {len(done.tokens)} tokens: the context of {engine.target.n_ctx} tokens is full (raise --ctx-size)")
     stopper.raise_if_stopped()  # Ctrl-C: exit 130; SIGTERM: exit 143 (the text and JSON are out)
+
+
+def _write(pieces, writer: TokenWriter, reasoning: ReasoningWriter, source: str) -> None:
+    for kind, text in pieces:
+        if kind == CONTENT:
+            reasoning.end()
+            writer.write(text, source)
+        else:
+            reasoning.write(text)
 
 
 def _json_result(done: Done, stats: Stats, engine, strategy: str) -> dict:

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from specllm.chat import thinking_variables
 from specllm.cli import common as c
 from specllm.cli import options as o
 from specllm.cli.app import app
@@ -30,6 +31,7 @@ def serve(
     gpu_layers: o.GpuLayers = o.LOAD.n_gpu_layers,
     gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
     exact: o.Exact = o.LOAD.exact,
+    no_think: Annotated[bool, typer.Option("--no-think", help="A thinking model (Qwen3) answers without reasoning first unless a request's chat_template_kwargs say otherwise.")] = False,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port).")] = 8080,
     queue_size: Annotated[int, typer.Option("--queue-size", help="Requests that may wait while one is served; more get HTTP 503.")] = 8,
@@ -50,7 +52,8 @@ def serve(
     # a server's log says why it is not listening yet, a terminal or not
     engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, announce=True)
     model_id = _model_id(model)
-    service = Service(engine, model_id, queue_size, aliases=_aliases(model_id))
+    variables = thinking_variables(engine.target, think=not no_think)
+    service = Service(engine, model_id, queue_size, aliases=_aliases(model_id), variables=variables)
 
     def ready(bound_host: str, bound_port: int) -> None:
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host

@@ -19,9 +19,10 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from specllm.chat import encode_infill, encode_messages, encode_raw
+from specllm.chat import encode_infill, encode_messages, encode_raw, reasoning_splitter
 from specllm.engine.decode import Decoder
 from specllm.errors import SpecllmError
+from specllm.reasoning import CONTENT, REASONING, ThinkSplitter
 from specllm.server import schema, tools
 from specllm.server.schema import ApiError, Renderer
 from specllm.server.worker import Job, Result, Worker
@@ -30,8 +31,10 @@ from specllm.server.worker import Job, Result, Worker
 class Service:
     """What the routes share: the engine (tokenizer, context size), the served name, the worker."""
 
-    def __init__(self, engine, model_id: str, queue_size: int = 8, make_decoder: Callable[[], Decoder] | None = None, aliases=()):
+    def __init__(self, engine, model_id: str, queue_size: int = 8, make_decoder: Callable[[], Decoder] | None = None, aliases=(),
+                 variables: dict | None = None):  # fmt: skip
         self.engine, self.model_id = engine, model_id
+        self.variables = variables or {}  # the template's switches by default (`serve --no-think`); a request's own win
         self.strategy = engine.spec.strategy
         # what a client may send as `model`: the served name, other names of the same model (a
         # preset's target), the GGUF file's name
@@ -51,7 +54,8 @@ class Service:
                 if template is not None and template.takes_tools and not template.writes_tool_call_tags:
                     raise ApiError(400, f"the chat template of {target.path.name} writes tool calls in a format specllm does not read "
                                    "(it reads <tool_call> tags, as Qwen2.5's and Hermes' templates write them)", "tools")  # fmt: skip
-            return encode_messages(target, request.messages, tools=request.tools, prefill=request.tool_prefill)
+            return encode_messages(target, request.messages, tools=request.tools, prefill=request.tool_prefill,
+                                   variables={**self.variables, **(request.template_variables or {})})  # fmt: skip
         if request.suffix is not None:
             return encode_infill(target, request.prompt, request.suffix)
         if isinstance(request.prompt, list):
@@ -124,14 +128,17 @@ async def _generate(service: Service, kind: str, http: HttpRequest):
 
     job = Job(prompt, max_tokens, request.params, post, request.stop)
     service.worker.submit(job)
-    return JobResponse(job, events, request, Renderer(kind, service.model_id), service.strategy)
+    thinking = reasoning_splitter(service.engine.target, prompt) if kind == "chat" else None
+    return JobResponse(job, events, request, Renderer(kind, service.model_id), service.strategy, thinking)
 
 
 class JobResponse:
     """An ASGI response that follows one job; a client that goes away cancels it."""
 
-    def __init__(self, job: Job, events: asyncio.Queue, request: schema.Request, render: Renderer, strategy: str):
+    def __init__(self, job: Job, events: asyncio.Queue, request: schema.Request, render: Renderer, strategy: str,
+                 thinking: ThinkSplitter | None = None):  # fmt: skip
         self.job, self.events, self.request, self.render, self.strategy = job, events, request, render, strategy
+        self.thinking = thinking  # a thinking model's: its reasoning goes apart from the answer
 
     async def __call__(self, scope, receive, send) -> None:
         watcher = asyncio.ensure_future(self._watch(receive))
@@ -163,12 +170,14 @@ class JobResponse:
             elif kind == "error":
                 return await _send_json(send, payload.status, payload.body())
             elif kind == "done":
-                text, reason, calls = "".join(pieces), self._reason(payload), None
+                text, reason, calls, reasoning = "".join(pieces), self._reason(payload), None, None
+                if self.thinking:
+                    reasoning, text = self.thinking.read(text)
                 if self.request.tools:
                     content, found = tools.split(self.request.tool_prefill + text, self.request.tool_names)
                     if found:  # else the model's own text, a required call's opening apart
                         text, calls, reason = content, [call.wire() for call in found], "tool_calls"
-                body = self.render.whole(text, reason, schema.usage(payload.stats, self.strategy), calls)
+                body = self.render.whole(text, reason, schema.usage(payload.stats, self.strategy), calls, reasoning)
                 return await _send_json(send, 200, body)
 
     async def _stream(self, send) -> None:
@@ -180,13 +189,14 @@ class JobResponse:
         while True:
             kind, payload = await self.events.get()
             if kind == "text":
-                piece = content.push(payload) if content is not None else payload
-                if piece:
-                    await self._event(send, self.render.chunk(piece))
+                for part, piece in self.thinking.push(payload) if self.thinking else [(CONTENT, payload)]:
+                    await self._piece(send, part, piece, content)
             elif kind == "error":
                 await self._event(send, payload.body())
                 break
             elif kind == "done":
+                for part, piece in self.thinking.finish() if self.thinking else []:
+                    await self._piece(send, part, piece, content)
                 usage, reason = schema.usage(payload.stats, self.strategy), self._reason(payload)
                 if content is not None:
                     text, found = tools.split(content.text, self.request.tool_names)
@@ -205,6 +215,14 @@ class JobResponse:
                     await self._event(send, self.render.chunk(None, reason, usage))
                 break
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+    async def _piece(self, send, part: str, text: str, content: tools.ContentText | None) -> None:
+        """Reasoning as it comes; answer text held back where it may begin a tool call."""
+        if part == REASONING:
+            return await self._event(send, self.render.chunk(None, reasoning=text))
+        text = content.push(text) if content is not None else text
+        if text:
+            await self._event(send, self.render.chunk(text))
 
     @staticmethod
     async def _event(send, obj: dict | None) -> None:

@@ -20,6 +20,7 @@ from specllm.server.tools import prefill
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 TOOL_CHOICES = ("none", "auto", "required")
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
+TEMPLATE_OWN = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}  # what specllm gives a template
 MAX_STOPS = 4  # as OpenAI allows
 COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's; chat runs to the context's end
 DEFAULTS = SamplingParams()  # a field left out takes specllm's default, as llama.cpp's server does
@@ -53,6 +54,7 @@ class Request:
     suffix: str | None = None  # completion: the text after the gap, for fill-in-the-middle
     tools: list[dict] | None = None  # chat: function definitions for the template (None: none, or tool_choice "none")
     tool_choice: str | dict = "auto"  # "auto", "required", or {"type": "function", "function": {"name": ...}}
+    template_variables: dict | None = None  # chat: `chat_template_kwargs`, such as Qwen3's {"enable_thinking": false}
 
     @property
     def tool_prefill(self) -> str:
@@ -68,11 +70,12 @@ def parse(kind: str, body: object) -> Request:
     """A request body (already JSON-decoded) checked field by field."""
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {_type(body)}")
-    messages = prompt = suffix = tools = None
+    messages = prompt = suffix = tools = variables = None
     tool_choice = "auto"
     if kind == "chat":
         messages = _messages(_required(body, "messages"))
         tools, tool_choice = _tools(body)
+        variables = _template_variables(body)
     else:
         suffix = _get(body, "suffix", str, None)
         prompt = _prompt(_required(body, "prompt"), infill=suffix is not None)
@@ -99,6 +102,7 @@ def parse(kind: str, body: object) -> Request:
         suffix,
         tools,
         tool_choice,
+        variables,
     )
 
 
@@ -214,6 +218,16 @@ def _tools(body: dict) -> tuple[list[dict] | None, str | dict]:
     return (None if choice == "none" else tools), choice
 
 
+def _template_variables(body: dict) -> dict | None:
+    """`chat_template_kwargs` (as vLLM's and llama.cpp's servers take them): more variables for the
+    template, never the ones specllm sets itself."""
+    variables = _get(body, "chat_template_kwargs", dict, None)
+    taken = sorted(set(variables or {}) & TEMPLATE_OWN)
+    if taken:
+        raise ApiError(400, f"'chat_template_kwargs' cannot set {', '.join(taken)}", "chat_template_kwargs")
+    return variables or None
+
+
 def _content(value, role: str, param: str) -> str:
     if isinstance(value, str):
         return value
@@ -326,20 +340,24 @@ class Renderer:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str | None, reason: str, usage: dict, tool_calls: list[dict] | None = None) -> dict:
+    def whole(self, text: str | None, reason: str, usage: dict, tool_calls: list[dict] | None = None, reasoning: str | None = None) -> dict:
         if self.kind == "chat":
             message = {"role": "assistant", "content": text, **({"tool_calls": tool_calls} if tool_calls else {})}
+            if reasoning is not None:  # a thinking model's, as llama.cpp's server and DeepSeek's API name it
+                message["reasoning_content"] = reasoning
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
             return {**self._head("chat.completion"), "choices": [choice], "usage": usage}
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
         return {**self._head("text_completion"), "choices": [choice], "usage": usage}
 
     def chunk(self, text: str | None, reason: str | None = None, usage: dict | None = None, first: bool = False,
-              tool_calls: list[dict] | None = None) -> dict:  # fmt: skip
+              tool_calls: list[dict] | None = None, reasoning: str | None = None) -> dict:  # fmt: skip
         if self.kind == "chat":
             delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
             if tool_calls:
                 delta = {"tool_calls": tool_calls}
+            elif reasoning is not None:
+                delta = {"reasoning_content": reasoning}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
             out = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
