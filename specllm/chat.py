@@ -17,7 +17,7 @@ from datetime import datetime
 
 from specllm.engine.sampling import SamplingParams
 from specllm.errors import UsageError
-from specllm.reasoning import ThinkSplitter, template_thinks
+from specllm.reasoning import CLOSE, ThinkSplitter, template_thinks
 
 
 def encode_raw(backend, text: str) -> list[int]:
@@ -44,6 +44,9 @@ def encode_messages(backend, messages: list[dict], add_assistant: bool = True, t
     `tools` (OpenAI's function definitions) go to the template, and `variables` (a client's
     `chat_template_kwargs`, such as Qwen3's `enable_thinking`); `prefill` is markup the answer
     starts with (a tool call's opening, where one is required)."""
+    template = _template(backend)
+    if template is not None and template.thinks:  # what the template would do, had it seen the text
+        messages = [without_reasoning(m) for m in messages]
     # Private-use characters: no template's `trim` (Python's strip) removes them, as it would \x1f.
     marker = f"\ue000specllm{secrets.token_hex(4)}:"
     # an empty content stays empty: templates test it ("if message.content")
@@ -60,6 +63,15 @@ def encode_messages(backend, messages: list[dict], add_assistant: bool = True, t
         position = match.end()
     tokens += backend.tokenize(rendered[position:], parse_special=True)
     return tokens
+
+
+def without_reasoning(message: dict) -> dict:
+    """An earlier answer of a thinking model as its template renders it: what came after </think>
+    (Qwen3's, QwQ's and R1's templates drop the reasoning of earlier turns; a client may send it back)."""
+    content = message.get("content")
+    if message.get("role") != "assistant" or not content or CLOSE not in content:
+        return message
+    return {**message, "content": content.split(CLOSE)[-1].lstrip("\n")}
 
 
 def thinking_variables(backend, think: bool) -> dict | None:

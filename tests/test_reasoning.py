@@ -114,6 +114,13 @@ def test_no_think_closes_the_block_in_the_prompt_and_the_answer_starts_at_once(e
     assert reasoning_splitter(engine.target, thinking).read("<think>x</think>y") == ("x", "y")
 
 
+def test_reasoning_sent_back_in_an_earlier_answer_is_left_out_as_the_template_leaves_it(engine):
+    asked = [{"role": "user", "content": "2+2?"}]
+    clean = asked + [{"role": "assistant", "content": "It is 4."}, {"role": "user", "content": "And 3+3?"}]
+    sent_back = [{**m, "content": "<think>\nTwo and two.\n</think>\n\nIt is 4."} if m["role"] == "assistant" else m for m in clean]
+    assert encode_messages(engine.target, sent_back) == encode_messages(engine.target, clean)
+
+
 # -- run and chat -----------------------------------------------------------------------------------
 
 
