@@ -156,3 +156,25 @@ def test_rm_of_an_unknown_name_deletes_nothing(home, capsys):
         main(["rm", "tiny-draft", "ghost"])
     assert info.value.code == 1 and capsys.readouterr().err.startswith("Error: unknown model 'ghost'")
     assert (models / "tiny-draft.gguf").is_file()
+
+
+def test_rm_takes_hf_names_as_run_chooses_among_the_cached_files(home, capsys):
+    folder = home / "cache" / "models" / "hf" / "org" / "Repo-GGUF"
+    folder.mkdir(parents=True)
+    files = {"a-Q4_K_M.gguf": 300, "a-Q4_K_M.gguf.verified": 10, "a-Q8_0-00001-of-00002.gguf": 500,
+             "a-Q8_0-00002-of-00002.gguf.part": 200, "a-Q5_K_M.gguf": 50, "b-Q5_K_M.gguf": 60}  # fmt: skip
+    for name, size in files.items():
+        (folder / name).write_bytes(b"x" * size)
+    with pytest.raises(SystemExit) as info:  # two files carry Q5_K_M: which one is meant
+        main(["rm", "hf:org/Repo-GGUF", "hf:org/Repo-GGUF:Q5_K_M"])
+    assert info.value.code == 1 and "several GGUF files match Q5_K_M" in capsys.readouterr().err
+    assert sorted(p.name for p in folder.iterdir()) == sorted(files)  # nothing deleted
+    result = CliRunner().invoke(app, ["rm", "hf:org/Repo-GGUF", "hf:org/Repo-GGUF:Q8_0", "hf:org/Repo-GGUF/b-Q5_K_M.gguf", "hf:org/Repo-GGUF:Q2_K"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"hf:org/Repo-GGUF: removed 300 B  {folder / 'a-Q4_K_M.gguf'}",  # the default quantisation, Q4_K_M
+        f"hf:org/Repo-GGUF:Q8_0: removed 500 B  {folder / 'a-Q8_0-00001-of-00002.gguf'}",  # both parts, one begun
+        f"hf:org/Repo-GGUF/b-Q5_K_M.gguf: removed 60 B  {folder / 'b-Q5_K_M.gguf'}",
+        "hf:org/Repo-GGUF:Q2_K: not in the cache",
+    ]
+    assert [p.name for p in folder.iterdir()] == ["a-Q5_K_M.gguf"]

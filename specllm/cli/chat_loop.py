@@ -22,10 +22,10 @@ from specllm.chat import (
     apply_set,
     command_names,
     encode_messages,
-    reasoning_splitter,
-    thinking_variables,
     help_text,
     parse_command,
+    reasoning_splitter,
+    thinking_variables,
 )
 from specllm.cli.display import (
     RESET,
@@ -35,6 +35,7 @@ from specllm.cli.display import (
     colour_allowed,
     status_text,
     summary_text,
+    write_reply,
 )
 from specllm.cli.interrupt import StopOnSignal
 from specllm.engine.decode import Done, StepDone, TokenCommitted
@@ -230,13 +231,7 @@ class ChatLoop:
         reasoning = ReasoningWriter(live, self.err)
 
         def write(parts, source: str) -> None:
-            for kind, text in parts:
-                if kind == CONTENT:
-                    reasoning.end()
-                    writer.write(text, source)
-                    pieces.append(text)
-                else:
-                    reasoning.write(text)
+            pieces.append(write_reply(parts, writer, reasoning, source))
 
         try:
             with StopOnSignal() as stopper, live:

@@ -13,6 +13,7 @@ import sys
 import time
 
 from specllm.engine.stats import Stats
+from specllm.reasoning import REASONING
 
 SOURCE_STYLES = {"ngram": "\x1b[32m", "draft": "\x1b[36m"}  # green, cyan; the target's own tokens stay plain
 RESET = "\x1b[0m"
@@ -82,6 +83,19 @@ class ReasoningWriter:
         self.stream.write(f"{self.dim}{text}{RESET}" if self.dim else text)
         self.stream.flush()
         self._ends_line = text.endswith("\n")
+
+
+def write_reply(pieces, answer: TokenWriter, reasoning: ReasoningWriter, source: str) -> str:
+    """(REASONING | CONTENT, text) pieces to their writers; returns the answer's text among them."""
+    written = []
+    for kind, text in pieces:
+        if kind == REASONING:
+            reasoning.write(text)
+        else:
+            reasoning.end()
+            answer.write(text, source)
+            written.append(text)
+    return "".join(written)
 
 
 def status_text(stats: Stats) -> str:

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from specllm.cli import common as c
 from specllm.cli.app import app
+from specllm.errors import SpecllmError
 from specllm.models import catalog, hfnames, hub, store
 
 
@@ -57,23 +58,43 @@ def pull(
 
 @app.command("rm")
 def rm(
-    names: Annotated[list[str], typer.Argument(metavar="PRESET_OR_MODEL...", help="Models, or presets (their target and draft).")],
+    names: Annotated[list[str], typer.Argument(metavar="PRESET_OR_MODEL...", help="Models, presets (their target and draft), or hf: names.")],
 ) -> None:
     """Delete models' files from the cache (a preset: its target and draft). They download again when used."""
     reg = catalog.load_registry()
-    entries = {entry.name: entry for name in names for entry in catalog.models_for(name, reg)}  # unknown names: an error, before any deletion
     cache = catalog.cache_dir()
-    for entry in entries.values():
-        path = store.model_path(entry, cache)
-        files = [path.parent / f for f in entry.files]
+    targets = {}  # label -> the files that make it up; every name is checked before anything is deleted
+    for name in names:
+        if hfnames.is_hf_name(name):
+            targets[name] = _cached_hf_files(hfnames.parse(name), cache)
+        else:
+            for entry in catalog.models_for(name, reg):  # unknown names: an error
+                path = store.model_path(entry, cache)
+                targets[entry.name] = [path.parent / f for f in entry.files]
+    for label, files in targets.items():
         present = [f for f in files + [hub.sidecar_path(f) for f in files] + [hub.part_path(f) for f in files] if f.is_file()]
         if not present:
-            _say(c.stderr, f"{entry.name}: not in the cache")
+            _say(c.stderr, f"{label}: not in the cache")
             continue
         size = sum(f.stat().st_size for f in files if f.is_file())
         for f in present:
             f.unlink()
-        _say(c.stderr, f"{entry.name}: removed {_size(size)}  {path}")
+        _say(c.stderr, f"{label}: removed {_size(size)}  {files[0]}")
+
+
+def _cached_hf_files(name: hfnames.HfName, cache) -> list:
+    """The cached files (downloaded, or begun) an hf: name means, as `run` would choose among them;
+    none where none fits; SpecllmError where the name fits several (it must name one)."""
+    folder = hfnames.folder(cache, name)
+    paths = {p.with_name(p.name.removesuffix(".part")) for p in folder.rglob("*.gguf*") if p.name.endswith((".gguf", ".gguf.part"))} if folder.is_dir() else set()
+    files = [hfnames.RemoteFile(p.relative_to(folder).as_posix(), 0) for p in sorted(paths)]
+    try:
+        chosen = hfnames.select(name, files, "the cache")
+    except SpecllmError:
+        if name.file is None and len(hfnames.quant_groups(name, files)) > 1:
+            raise  # which one is meant: the message lists them
+        return []
+    return [folder / f.path for f in chosen]
 
 
 def _say(console: Console, line: str) -> None:

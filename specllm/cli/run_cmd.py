@@ -9,11 +9,11 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
+from specllm.chat import reasoning_splitter
 from specllm.cli import common as c
 from specllm.cli import options as o
 from specllm.cli.app import app
-from specllm.chat import reasoning_splitter
-from specllm.cli.display import LiveStatus, ReasoningWriter, TokenWriter, summary_text, use_colour
+from specllm.cli.display import LiveStatus, ReasoningWriter, TokenWriter, summary_text, use_colour, write_reply
 from specllm.cli.interrupt import StopOnSignal
 from specllm.engine.decode import Done, StepDone, TokenCommitted
 from specllm.engine.stats import Stats
@@ -70,7 +70,7 @@ def run(
             if isinstance(event, TokenCommitted):
                 pieces = splitter.push(event.text) if splitter else [(CONTENT, event.text)]
                 if not as_json:
-                    _write(pieces, writer, reasoning, event.source)
+                    write_reply(pieces, writer, reasoning, event.source)
             elif isinstance(event, StepDone):
                 live.update(stats)
             elif isinstance(event, Done):
@@ -78,7 +78,7 @@ def run(
         if splitter:
             pieces = splitter.finish()
             if not as_json:
-                _write(pieces, writer, reasoning, "target")
+                write_reply(pieces, writer, reasoning, "target")
                 reasoning.end()
     answer = "".join(splitter.content) if splitter else done.text
     if as_json:
@@ -95,15 +95,6 @@ def run(
     if done.finish_reason == "context" and not quiet:
         c.warn(f"stopped after {len(done.tokens)} tokens: the context of {engine.target.n_ctx} tokens is full (raise --ctx-size)")
     stopper.raise_if_stopped()  # Ctrl-C: exit 130; SIGTERM: exit 143 (the text and JSON are out)
-
-
-def _write(pieces, writer: TokenWriter, reasoning: ReasoningWriter, source: str) -> None:
-    for kind, text in pieces:
-        if kind == CONTENT:
-            reasoning.end()
-            writer.write(text, source)
-        else:
-            reasoning.write(text)
 
 
 def _json_result(done: Done, stats: Stats, engine, strategy: str) -> dict:

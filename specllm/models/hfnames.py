@@ -78,9 +78,8 @@ def select(name: HfName, files: list[RemoteFile], where: str = "the repository")
             raise SpecllmError(f"{name}: {where} has no file {name.file} (GGUF files there: {_listing(ggufs)})")
         return parts_of(chosen, ggufs, name)
     quant = name.quant or DEFAULT_QUANT
-    token = re.compile(rf"(?<![a-z0-9]){re.escape(quant)}(?![a-z0-9_])", re.IGNORECASE)
-    fitting = [f for f in ggufs if token.search(_stem(f.path)) and "mmproj" not in f.path.lower()]
-    groups = {_group(f.path) for f in fitting}
+    fitting = _of_quant(quant, ggufs)
+    groups = quant_groups(name, ggufs)
     if not groups:
         raise SpecllmError(f"{name}: no GGUF file in {where} matches {quant} (GGUF files there: {_listing(ggufs)})")
     if len(groups) > 1:
@@ -89,6 +88,16 @@ def select(name: HfName, files: list[RemoteFile], where: str = "the repository")
         )
     first = min(fitting, key=lambda f: f.path)
     return parts_of(first, ggufs, name)
+
+
+def quant_groups(name: HfName, files: list[RemoteFile]) -> set[str]:
+    """The GGUFs (a split one as one) whose names carry the name's quantisation."""
+    return {_group(f.path) for f in _of_quant(name.quant or DEFAULT_QUANT, files)}
+
+
+def _of_quant(quant: str, files: list[RemoteFile]) -> list[RemoteFile]:
+    token = re.compile(rf"(?<![a-z0-9]){re.escape(quant)}(?![a-z0-9_])", re.IGNORECASE)
+    return [f for f in files if f.path.lower().endswith(".gguf") and token.search(_stem(f.path)) and "mmproj" not in f.path.lower()]
 
 
 def parts_of(chosen: RemoteFile, files: list[RemoteFile], name: HfName | str) -> list[RemoteFile]:
