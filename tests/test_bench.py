@@ -326,6 +326,29 @@ def test_one_token_running_slower_than_measured_slows_every_cost_alike():
     assert costs.verify(16, 512) == pytest.approx(1.2 * measured.verify(16, 512) + LEARNING_RATE * 0.05, rel=1e-3)
 
 
+def test_a_stalled_pass_moves_its_size_a_little_and_a_real_change_is_still_learned():
+    """A pass the machine stalled for a second (30 single passes' time) counts as at most twice what
+    was expected: one moved a batch of 4 by 10%, not 290%, and auto, which stops drafting to a size
+    that looks dear, would never have timed it again. A size that really costs three times as much
+    is learned all the same, in steps; one token's stall rescales the curve by 10% at most."""
+    measured = CostModel({1: 0.07, 2: 0.1, 4: 0.12, 8: 0.22}, draft_seconds=0.04, depth=256, draft_token_seconds=0.005)
+    costs = measured.copy()
+    costs.observe_verify(4, 30 * 0.07)
+    assert costs.batch_seconds[4] == pytest.approx(0.12 * (1 + LEARNING_RATE))
+    for _ in range(20):
+        costs.observe_verify(4, 0.12)
+    assert costs.batch_seconds[4] == pytest.approx(0.12, rel=0.02)
+    for _ in range(40):
+        costs.observe_verify(8, 3 * 0.22)
+    assert costs.batch_seconds[8] == pytest.approx(3 * 0.22, rel=0.02)
+    costs.observe_verify(1, 30 * 0.07)
+    assert costs.verify(1) == pytest.approx(0.07 * (1 + LEARNING_RATE))
+    costs.observe_draft(2.0)
+    costs.observe_catch_up(11, 0.04 + 10 * 1.0)
+    assert costs.draft_seconds == pytest.approx(measured.draft_seconds * (1 + LEARNING_RATE) ** 2, rel=1e-6)
+    assert costs.draft_token_seconds == pytest.approx(measured.draft_token_seconds * (1 + LEARNING_RATE) ** 2, rel=1e-6)
+
+
 @pytest.mark.parametrize("sizes", [range(1, 33), (1, 2, 4, 8, 16, 32)])
 def test_a_learning_curve_prices_every_size_as_its_measurements_say(sizes):
     """`verify` reads a table of every size, kept up to date as passes refine the curve (rebuilt at

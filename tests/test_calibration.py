@@ -241,6 +241,19 @@ def test_a_damaged_or_mismatched_learned_curve_is_left_for_the_calibration(tmp_p
     assert load_learned(tmp_path / "missing.json", "k", SECOND_A_PASS) is None
 
 
+def test_a_size_learned_from_stalls_starts_again_from_its_calibration(tmp_path):
+    """Learned before timings were bounded: a batch of 4 at 4.76 single passes where the calibration
+    (and a direct timing) says 1.73. It starts again from its calibrated share of one token's pass
+    as learned; sizes learned within bounds keep what they learned."""
+    calibrated = CostModel({1: 0.07, 2: 0.1, 3: 0.127, 4: 0.121, 5: 0.16})
+    learned = CostModel({1: 0.077, 2: 0.116, 3: 0.146, 4: 4.76 * 0.077, 5: 0.179}, passes=16779)
+    cache = tmp_path / "costs.json"
+    cache.write_text(json.dumps({"k": calibrated.to_dict() | {"learned": learned.to_dict()}}), "utf-8")
+    loaded = load_learned(cache, "k", calibrated)
+    assert loaded.batch_seconds == learned.batch_seconds | {4: pytest.approx(0.121 / 0.07 * 0.077)}
+    assert loaded.passes == 16779
+
+
 def test_each_run_starts_from_what_the_runs_before_it_learned(tiny_pair, home, tmp_path):
     """`specllm run --spec auto`, twice, as a user runs it: the first keeps its passes' lesson in the
     cache, the second starts from it and adds its own; the calibration itself is never rewritten."""

@@ -23,6 +23,11 @@ import numpy as np
 from specllm.engine.drafters import read_greedy_row
 
 LEARNING_RATE = 0.1  # weight of one observed step in the running estimate
+# One timing counts as at most this many times what was expected (or this fraction of it): a pass the
+# machine stalled for a second must not make a size look dear for good. Unbounded, a few such passes
+# took a batch of 4 on the 2-core Xeon from 1.73 single passes to 4.76 (timed again: 1.72), and auto,
+# which never drafts to a dear size, could not learn otherwise; a real change is still learned, in steps.
+OUTLIER_FACTOR = 2.0
 DEEP_SHARE = 0.1  # a pass beyond the timed context teaches the growth there when its extrapolated part is this much of it
 
 
@@ -111,15 +116,15 @@ class CostModel:
             expected = self.verify(1, context)
             if expected <= 0:
                 return
-            self._rescale(1.0 + LEARNING_RATE * (seconds / expected - 1.0))
+            self._rescale(1.0 + LEARNING_RATE * (_bounded(seconds, expected) / expected - 1.0))
         elif context is not None and context > self.reach and self.context_seconds > 0:
             extrapolated = self.context_seconds * k * (context - self.reach)  # what deep_growth scales
             expected = self.verify(k, context)
             if extrapolated < DEEP_SHARE * expected:
                 return  # too small a part of the pass to tell from its noise
-            self.deep_growth = max(self.deep_growth + LEARNING_RATE * (seconds - expected) / extrapolated, 0.0)
+            self.deep_growth = max(self.deep_growth + LEARNING_RATE * (_bounded(seconds, expected) - expected) / extrapolated, 0.0)
         elif k in self.batch_seconds:
-            at_depth = seconds - (self._context_term(k, context) if context is not None else 0.0)
+            at_depth = _bounded(seconds - (self._context_term(k, context) if context is not None else 0.0), self.batch_seconds[k])
             self.batch_seconds[k] += LEARNING_RATE * (at_depth - self.batch_seconds[k])
             if self._dense_of is self.batch_seconds and k - 1 in self.batch_seconds and (k + 1 in self.batch_seconds or k + 1 == len(self._dense)):
                 self._dense[k] = self.batch_seconds[k]  # no size is interpolated beside it (a calibrated curve)
@@ -141,12 +146,12 @@ class CostModel:
         self.context_seconds *= factor
 
     def observe_draft(self, seconds_per_token: float) -> None:
-        self.draft_seconds += LEARNING_RATE * (seconds_per_token - self.draft_seconds)
+        self.draft_seconds += LEARNING_RATE * (_bounded(seconds_per_token, self.draft_seconds) - self.draft_seconds)
 
     def observe_catch_up(self, n: int, seconds: float) -> None:
         """Fold a real catch-up (the draft model reading n > 1 tokens in one batch) into the per-token rate."""
         if n > 1 and self.draft_token_seconds:
-            per_token = max(seconds - self.draft_seconds, 0.0) / (n - 1)
+            per_token = _bounded(max(seconds - self.draft_seconds, 0.0) / (n - 1), self.draft_token_seconds)
             self.draft_token_seconds += LEARNING_RATE * (per_token - self.draft_token_seconds)
 
     def curve(self) -> list[dict]:
@@ -347,6 +352,13 @@ def time_batch(backend, filler: list[int], batch: list[int], rows: list[int] | N
     return elapsed
 
 
+def _bounded(seconds: float, expected: float) -> float:
+    """A timing as learning may count it: within OUTLIER_FACTOR of what was expected (as is, where nothing was)."""
+    if expected <= 0:
+        return seconds
+    return min(max(seconds, expected / OUTLIER_FACTOR), expected * OUTLIER_FACTOR)
+
+
 def load_costs(path: Path | None, key: str) -> CostModel | None:
     """A cost model saved for exactly this machine, build and model set (`key`), or None."""
     return _entry(_read_cache(path), key)
@@ -364,9 +376,16 @@ def load_learned(path: Path | None, key: str, calibrated: CostModel) -> CostMode
     before passes beyond the timed context were told apart (its sizes may hold their context's cost)."""
     entry = _read_cache(path).get(key) or {}
     learned = _entry(entry, "learned")
-    if learned is None or "deep_growth" not in entry["learned"]:
+    if learned is None or "deep_growth" not in entry["learned"] or learned.batch_seconds.keys() != calibrated.batch_seconds.keys():
         return None
-    return learned if learned.batch_seconds.keys() == calibrated.batch_seconds.keys() else None
+    # A size learned beyond OUTLIER_FACTOR of its calibrated share of one token's pass was learned
+    # from stalls (before timings were bounded): it starts again from its calibration.
+    one, calibrated_one = learned.batch_seconds[1], calibrated.batch_seconds[1]
+    for k, seconds in calibrated.batch_seconds.items():
+        share = seconds / calibrated_one
+        if not share / OUTLIER_FACTOR <= learned.batch_seconds[k] / one <= share * OUTLIER_FACTOR:
+            learned.batch_seconds[k] = share * one
+    return learned
 
 
 def save_learned(path: Path | None, key: str, calibrated: CostModel, learned: CostModel) -> None:
