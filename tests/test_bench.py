@@ -349,6 +349,20 @@ def test_a_stalled_pass_moves_its_size_a_little_and_a_real_change_is_still_learn
     assert costs.draft_token_seconds == pytest.approx(measured.draft_token_seconds * (1 + LEARNING_RATE) ** 2, rel=1e-6)
 
 
+def test_other_work_that_slows_every_pass_alike_leaves_the_curves_shape_as_it_was():
+    """Other work starts and slows every pass by half until the run ends: one token's passes rescale
+    the curve over a dozen passes, and a batch timed meanwhile is read at the speed they show, so no
+    size comes out much dearer beside one token: 3.6% here, where read as it came a batch of 16
+    looked 17% dearer (the first batches after the change are read before one token shows it)."""
+    measured = CostModel({1: 0.07, 2: 0.1, 16: 0.27, 32: 0.45}, draft_seconds=0.04, depth=256)
+    costs = measured.copy()
+    for step in range(40):  # plain steps and drafts of 15 in turn, the last 16 steps slowed
+        slow = 1.5 if step >= 24 else 1.0
+        costs.observe_verify(1 if step % 2 else 16, slow * measured.verify(1 if step % 2 else 16))
+    assert costs.relative(16) == pytest.approx(measured.relative(16), rel=0.05)
+    assert costs.speed() == pytest.approx(1.5 / costs.verify(1) * measured.verify(1), rel=0.05)
+
+
 @pytest.mark.parametrize("sizes", [range(1, 33), (1, 2, 4, 8, 16, 32)])
 def test_a_learning_curve_prices_every_size_as_its_measurements_say(sizes):
     """`verify` reads a table of every size, kept up to date as passes refine the curve (rebuilt at

@@ -28,6 +28,7 @@ LEARNING_RATE = 0.1  # weight of one observed step in the running estimate
 # took a batch of 4 on the 2-core Xeon from 1.73 single passes to 4.76 (timed again: 1.72), and auto,
 # which never drafts to a dear size, could not learn otherwise; a real change is still learned, in steps.
 OUTLIER_FACTOR = 2.0
+RECENT_SINGLES = 3  # one-token passes whose median tells the machine's speed now (one stalled pass does not)
 DEEP_SHARE = 0.1  # a pass beyond the timed context teaches the growth there when its extrapolated part is this much of it
 
 
@@ -43,6 +44,9 @@ class CostModel:
     # Beyond the deepest context the growth was timed at (`reach`), each cached token adds this many
     # times `context_seconds`: learned from the passes there, which teach nothing about the sizes.
     deep_growth: float = 1.0
+    # the latest one-token passes against the curve (after the rescale each made): how much slower than
+    # it the machine runs right now, which a batch's timing is read at (not saved: it is this moment's)
+    _recent: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
     # every size from 0 to the largest measured, interpolated once: `verify` runs dozens of times a step
     _dense: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
     _dense_of: dict | None = field(default=None, init=False, repr=False, compare=False)
@@ -111,13 +115,27 @@ class CostModel:
         it teaches `deep_growth`. Read back into its size, it stayed there: after one bench of
         prompts of 2,000-3,400 tokens (a 2-core Xeon), a batch of 32 was believed to cost 8.7 single
         tokens at the calibration depth where it costs 6.6, and 16 4.4 for 4.0; at the short contexts
-        that followed, `auto` would have drafted shorter than pays (replay: code edits 3.03x -> 2.83x)."""
+        that followed, `auto` would have drafted shorter than pays (replay: code edits 3.03x -> 2.83x).
+
+        A batch's timing is read at the speed the latest one-token passes show (the median of the last
+        RECENT_SINGLES, against the curve as they left it), as the calibration times each size beside one
+        token: the rescale follows a change of speed over a dozen passes, and a batch timed in that
+        while would teach its size the change (other work starting, then the run ending, leaves a
+        size dearer for good). The learned curve kept on the 2-core Xeon over 17,000 passes had a batch
+        of 16 at 4.63 single passes where the calibration and direct timings say 3.85 (how it got there
+        is not known), and auto planning by it replays summaries 6% slower."""
         if k == 1:
             expected = self.verify(1, context)
             if expected <= 0:
                 return
-            self._rescale(1.0 + LEARNING_RATE * (_bounded(seconds, expected) / expected - 1.0))
-        elif context is not None and context > self.reach and self.context_seconds > 0:
+            ratio = _bounded(seconds, expected) / expected
+            factor = 1.0 + LEARNING_RATE * (ratio - 1.0)
+            self._rescale(factor)
+            self._recent = (self._recent + [ratio / factor])[-RECENT_SINGLES:]
+            self.passes += 1
+            return
+        seconds /= self.speed()
+        if context is not None and context > self.reach and self.context_seconds > 0:
             extrapolated = self.context_seconds * k * (context - self.reach)  # what deep_growth scales
             expected = self.verify(k, context)
             if extrapolated < DEEP_SHARE * expected:
@@ -134,6 +152,10 @@ class CostModel:
             return  # a size never calibrated: nothing to refine
         self.passes += 1
 
+    def speed(self) -> float:
+        """How much slower than the curve the machine runs now, as the latest one-token passes show (1: as it says)."""
+        return float(np.median(self._recent)) if self._recent else 1.0
+
     def _rescale(self, factor: float) -> None:
         """Every cost times `factor`: the machine runs that much slower (or faster) than measured."""
         dense = self._dense_of is self.batch_seconds
@@ -146,12 +168,13 @@ class CostModel:
         self.context_seconds *= factor
 
     def observe_draft(self, seconds_per_token: float) -> None:
+        seconds_per_token /= self.speed()  # read at the curve's speed, as a batch is
         self.draft_seconds += LEARNING_RATE * (_bounded(seconds_per_token, self.draft_seconds) - self.draft_seconds)
 
     def observe_catch_up(self, n: int, seconds: float) -> None:
         """Fold a real catch-up (the draft model reading n > 1 tokens in one batch) into the per-token rate."""
         if n > 1 and self.draft_token_seconds:
-            per_token = _bounded(max(seconds - self.draft_seconds, 0.0) / (n - 1), self.draft_token_seconds)
+            per_token = _bounded(max(seconds / self.speed() - self.draft_seconds, 0.0) / (n - 1), self.draft_token_seconds)
             self.draft_token_seconds += LEARNING_RATE * (per_token - self.draft_token_seconds)
 
     def curve(self) -> list[dict]:
