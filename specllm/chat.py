@@ -9,6 +9,7 @@ fill-in-the-middle prompt writes "<|im_start|>" or "<|fim_prefix|>"), as llama.c
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
@@ -17,7 +18,7 @@ from datetime import datetime
 
 from specllm.engine.sampling import SamplingParams
 from specllm.errors import UsageError
-from specllm.reasoning import CLOSE, ThinkSplitter, template_thinks
+from specllm.reasoning import CLOSE, OPEN, ThinkSplitter, template_thinks
 
 
 def encode_raw(backend, text: str) -> list[int]:
@@ -45,12 +46,18 @@ def encode_messages(backend, messages: list[dict], add_assistant: bool = True, t
     `chat_template_kwargs`, such as Qwen3's `enable_thinking`); `prefill` is markup the answer
     starts with (a tool call's opening, where one is required)."""
     template = _template(backend)
-    if template is not None and template.thinks:  # what the template would do, had it seen the text
-        messages = [without_reasoning(m) for m in messages]
+    if template is not None and template.thinks:  # what the template does with earlier answers' reasoning, had it seen the text
+        messages = reasoning_apart(messages)
     # Private-use characters: no template's `trim` (Python's strip) removes them, as it would \x1f.
     marker = f"\ue000specllm{secrets.token_hex(4)}:"
+    texts: list[str] = []  # what each placeholder stands for
+
+    def hold(text: str) -> str:
+        texts.append(text)
+        return f"{marker}{len(texts) - 1}\ue001"
+
     # an empty content stays empty: templates test it ("if message.content")
-    placeholders = [{**m, "content": f"{marker}{i}\ue001"} if m.get("content") else m for i, m in enumerate(messages)]
+    placeholders = [{**m, **{f: hold(m[f]) for f in TEXT_FIELDS if isinstance(m.get(f), str) and m[f]}} for m in messages]
     rendered = backend.apply_chat_template(placeholders, add_assistant, tools, variables) + prefill
     tokens: list[int] = []
     if getattr(backend, "add_bos", False):
@@ -59,30 +66,44 @@ def encode_messages(backend, messages: list[dict], add_assistant: bool = True, t
     position = 0
     for match in pattern.finditer(rendered):
         tokens += backend.tokenize(rendered[position : match.start()], parse_special=True)
-        tokens += backend.tokenize(messages[int(match.group(1))]["content"], parse_special=False)
+        tokens += backend.tokenize(texts[int(match.group(1))], parse_special=False)
         position = match.end()
     tokens += backend.tokenize(rendered[position:], parse_special=True)
     return tokens
 
 
-def without_reasoning(message: dict) -> dict:
-    """An earlier answer of a thinking model as its template renders it: what came after </think>
-    (Qwen3's, QwQ's and R1's templates drop the reasoning of earlier turns; a client may send it back)."""
-    content = message.get("content")
-    if message.get("role") != "assistant" or not content or CLOSE not in content:
-        return message
-    return {**message, "content": content.split(CLOSE)[-1].lstrip("\n")}
+TEXT_FIELDS = ("content", "reasoning_content")  # what users and models wrote: never read as markup
+
+
+def reasoning_apart(messages: list[dict]) -> list[dict]:
+    """Earlier answers of a thinking model as its template reads them, when a client sends them back
+    with their <think> block: before the last user message the reasoning is dropped (Qwen3's, QwQ's
+    and R1's templates drop it), after it (the steps of a tool loop) it goes as `reasoning_content`,
+    which Qwen3's template writes back in its block (a client's own `reasoning_content` stays)."""
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    out = []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if message.get("role") != "assistant" or not isinstance(content, str) or CLOSE not in content:
+            out.append(message)
+            continue
+        answer = content.split(CLOSE)[-1].lstrip("\n")
+        reasoning = content.split(CLOSE)[0].split(OPEN)[-1].strip("\n")
+        out.append({**message, "content": answer} if i < last_user else {"reasoning_content": reasoning, **message, "content": answer})
+    return out
 
 
 def thinking_variables(backend, think: bool) -> dict | None:
     """The template variables for `think` (False: `--no-think`): None where the model's template
-    does not think (nothing to turn off); UsageError where it thinks and has no switch."""
+    does not think (nothing to turn off); UsageError where its every answer thinks, with no switch."""
     template = _template(backend)
     if think or template is None or not template.thinks:
         return None
-    if not template.can_stop_thinking:
-        raise UsageError(f"--no-think: the chat template of {backend.path.name} has no switch to answer without thinking")
-    return {"enable_thinking": False}
+    if template.can_stop_thinking:
+        return {"enable_thinking": False}
+    if template.opens_thinking:  # R1's, QwQ's: every answer begins inside a thinking block
+        raise UsageError(f"--no-think: the chat template of {backend.path.name} opens a thinking block in every answer and has no switch to answer at once")
+    return None  # it only strips earlier turns' reasoning (Qwen3's 2507 Instruct): nothing to turn off
 
 
 def reasoning_splitter(backend, prompt: list[int]) -> ThinkSplitter | None:
@@ -117,6 +138,14 @@ class ChatTemplate:
         self.writes_tool_call_tags = "<tool_call>" in text  # Qwen2.5's and Hermes' format
         self.thinks = template_thinks(text)  # Qwen3, QwQ, DeepSeek-R1's distillations
         self.can_stop_thinking = "enable_thinking" in text  # Qwen3's switch
+
+    @functools.cached_property
+    def opens_thinking(self) -> bool:
+        """Whether the generation prompt itself opens a thinking block (R1's and QwQ's templates do)."""
+        try:
+            return self.render([{"role": "user", "content": "?"}]).rstrip().endswith(OPEN)
+        except Exception:  # noqa: BLE001 - a template that needs more than one user message
+            return False
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
                variables: dict | None = None) -> str:  # fmt: skip

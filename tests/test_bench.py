@@ -343,6 +343,7 @@ def test_a_stalled_pass_moves_its_size_a_little_and_a_real_change_is_still_learn
     assert costs.batch_seconds[8] == pytest.approx(3 * 0.22, rel=0.02)
     costs.observe_verify(1, 30 * 0.07)
     assert costs.verify(1) == pytest.approx(0.07 * (1 + LEARNING_RATE))
+    assert costs.speed() == 1.0  # one stalled pass is not the machine's speed: the median of three is
     costs.observe_draft(2.0)
     costs.observe_catch_up(11, 0.04 + 10 * 1.0)
     assert costs.draft_seconds == pytest.approx(measured.draft_seconds * (1 + LEARNING_RATE) ** 2, rel=1e-6)

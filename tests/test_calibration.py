@@ -252,6 +252,9 @@ def test_a_size_learned_from_stalls_starts_again_from_its_calibration(tmp_path):
     loaded = load_learned(cache, "k", calibrated)
     assert loaded.batch_seconds == learned.batch_seconds | {4: pytest.approx(0.121 / 0.07 * 0.077)}
     assert loaded.passes == 16779
+    for one in (0.0, float("nan")):  # damaged: the calibration serves, as for any damaged entry
+        cache.write_text(json.dumps({"k": calibrated.to_dict() | {"learned": learned.to_dict() | {"batch_seconds": {"1": one, **{str(k): 0.1 for k in range(2, 6)}}}}}), "utf-8")
+        assert load_learned(cache, "k", calibrated) is None
 
 
 def test_each_run_starts_from_what_the_runs_before_it_learned(tiny_pair, home, tmp_path):

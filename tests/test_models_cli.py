@@ -167,14 +167,23 @@ def test_rm_takes_hf_names_as_run_chooses_among_the_cached_files(home, capsys):
         (folder / name).write_bytes(b"x" * size)
     with pytest.raises(SystemExit) as info:  # two files carry Q5_K_M: which one is meant
         main(["rm", "hf:org/Repo-GGUF", "hf:org/Repo-GGUF:Q5_K_M"])
-    assert info.value.code == 1 and "several GGUF files match Q5_K_M" in capsys.readouterr().err
+    assert info.value.code == 1 and "several GGUF files in the cache match Q5_K_M" in capsys.readouterr().err
     assert sorted(p.name for p in folder.iterdir()) == sorted(files)  # nothing deleted
     result = CliRunner().invoke(app, ["rm", "hf:org/Repo-GGUF", "hf:org/Repo-GGUF:Q8_0", "hf:org/Repo-GGUF/b-Q5_K_M.gguf", "hf:org/Repo-GGUF:Q2_K"])
     assert result.exit_code == 0, result.stderr
     assert result.stderr.splitlines() == [
         f"hf:org/Repo-GGUF: removed 300 B  {folder / 'a-Q4_K_M.gguf'}",  # the default quantisation, Q4_K_M
-        f"hf:org/Repo-GGUF:Q8_0: removed 500 B  {folder / 'a-Q8_0-00001-of-00002.gguf'}",  # both parts, one begun
+        f"hf:org/Repo-GGUF:Q8_0: removed 700 B  {folder / 'a-Q8_0-00001-of-00002.gguf'}",  # both parts, one begun
         f"hf:org/Repo-GGUF/b-Q5_K_M.gguf: removed 60 B  {folder / 'b-Q5_K_M.gguf'}",
         "hf:org/Repo-GGUF:Q2_K: not in the cache",
     ]
     assert [p.name for p in folder.iterdir()] == ["a-Q5_K_M.gguf"]
+
+
+def test_rm_of_a_split_download_stopped_in_its_first_part_deletes_it(home):
+    folder = home / "cache" / "models" / "hf" / "org" / "Repo-GGUF"
+    folder.mkdir(parents=True)
+    (folder / "a-Q4_K_M-00001-of-00003.gguf.part").write_bytes(b"x" * 40)
+    result = CliRunner().invoke(app, ["rm", "hf:org/Repo-GGUF:Q4_K_M"])
+    assert result.exit_code == 0 and result.stderr == f"hf:org/Repo-GGUF:Q4_K_M: removed 40 B  {folder / 'a-Q4_K_M-00001-of-00003.gguf'}\n"
+    assert not any(folder.iterdir())

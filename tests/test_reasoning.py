@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from specllm.chat import ChatTemplate, encode_messages, reasoning_splitter
+from specllm.engine.decode import Done
 from specllm.reasoning import CONTENT, REASONING, ThinkSplitter
 from specllm.server.app import Service
 from specllm.session import Engine, ModelPaths, SpecConfig
@@ -30,6 +31,8 @@ R1 = (
     "{% set content = content.split('</think>')[-1] %}{% endif %}<|im_start|>{{ message.role }}\n{{ content }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
 )
+# As Qwen3's 2507 Instruct template: earlier turns' reasoning stripped, no switch, the model does not think
+NO_THINKING = R1.replace("assistant\n<think>\n{% endif %}", "assistant\n{% endif %}")
 THOUGHT = ["<think>", "\nTwo and", " two.\n\n", "</think>", "\n\n", "It is", " 4."]  # as Qwen3 writes it, by token
 
 
@@ -121,6 +124,21 @@ def test_reasoning_sent_back_in_an_earlier_answer_is_left_out_as_the_template_le
     assert encode_messages(engine.target, sent_back) == encode_messages(engine.target, clean)
 
 
+def test_a_tool_loops_reasoning_sent_back_is_written_as_the_template_writes_it(engine):
+    """After the last user message (the steps of a tool loop) Qwen3's template writes an answer's
+    reasoning back in its block: sent inside the content or as `reasoning_content`, the prompt reads
+    as the template renders the messages itself (control tokens aside)."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    asked = [{"role": "user", "content": "Weather in Paris?"}]
+    result = [{"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 14}'}]
+    inline = asked + [{"role": "assistant", "content": "<think>\nI need the weather.\n</think>\n\n", "tool_calls": [call]}] + result
+    apart = asked + [{"role": "assistant", "content": "", "reasoning_content": "I need the weather.", "tool_calls": [call]}] + result
+    rendered = ChatTemplate(QWEN3, "<|im_end|>").render(inline)
+    assert "<think>\nI need the weather.\n</think>\n\n<tool_call>" in rendered
+    for messages in (inline, apart):
+        assert text_of(engine, encode_messages(engine.target, messages)) == rendered.replace("<|im_start|>", "").replace("<|im_end|>", "")
+
+
 # -- run and chat -----------------------------------------------------------------------------------
 
 
@@ -140,13 +158,17 @@ def test_run_writes_the_reasoning_to_stderr_and_the_answer_to_stdout(thinker, sc
     assert (data["text"], data["reasoning"]) == ("It is 4.", "Two and two.")
 
 
-def test_no_think_is_refused_where_the_template_has_no_switch(tiny_dir, scripted):
+def test_no_think_is_refused_where_every_answer_thinks_and_the_template_has_no_switch(tiny_dir, scripted):
     r1 = write_tiny_gguf(tiny_dir / "tiny-r1.gguf", 0, chat_template=R1)
     env = dict(os.environ)
-    assert_one_error(specllm_here(env, "run", "-m", r1, "--spec", "off", "-p", "2+2?", "--no-think"), 2, "--no-think", "tiny-r1.gguf")
+    assert_one_error(specllm_here(env, "run", "-m", r1, "--spec", "off", "-p", "2+2?", "--no-think"), 2, "--no-think", "tiny-r1.gguf", "opens a thinking block")
     scripted.script = ["Hmm.\n</think>\n\n", "4"]  # the prompt opened the block
     done = specllm_here(env, "run", "-m", r1, "--spec", "off", "-p", "2+2?")
     assert (done.stdout, done.stderr) == ("4\n", "Hmm.\n")
+    instruct = write_tiny_gguf(tiny_dir / "tiny-2507.gguf", 0, chat_template=NO_THINKING)
+    scripted.script = ["4"]
+    done = specllm_here(env, "run", "-m", instruct, "--spec", "off", "-p", "2+2?", "--no-think")  # nothing to turn off
+    assert (done.returncode, done.stdout, done.stderr) == (0, "4\n", "")
 
 
 def test_no_think_is_no_error_for_a_model_that_does_not_think(tiny_pair, scripted):
@@ -234,7 +256,8 @@ def test_under_a_redrawn_status_line_reasoning_is_written_in_whole_lines():
 
     from specllm.cli.display import LiveStatus, ReasoningWriter
 
-    live, err = LiveStatus(True), io.StringIO()  # enabled, and stdout (pytest's capture) is no terminal
+    live, err = LiveStatus(True), io.StringIO()
+    live.shared_terminal = False  # stdout elsewhere (`pytest -s` at a terminal would say otherwise)
     writer = ReasoningWriter(live, err)
     writer.write("First line\nSecond ")
     assert err.getvalue() == "\r\x1b[2KFirst line\n"
@@ -245,3 +268,34 @@ def test_under_a_redrawn_status_line_reasoning_is_written_in_whole_lines():
     plain.write("as it comes")
     plain.end()
     assert plain.stream.getvalue() == "as it comes\n"
+
+
+def test_reasoning_cut_off_by_max_tokens_is_said_and_a_chat_keeps_no_empty_answer(thinker, scripted):
+    scripted.script = ["<think>", "\nStill", " thinking"]
+    scripted.generate = _ending_at_the_limit(scripted.generate)
+    env = dict(os.environ)
+    done = specllm_here(env, "run", "-m", thinker, "--spec", "off", "-p", "2+2?", "-n", "3")
+    assert done.returncode == 0 and done.stdout == ""
+    assert done.stderr.splitlines() == ["Still thinking", "warning: stopped after 3 tokens while the model was still reasoning, "
+                                        "before any answer: raise --max-tokens, or --no-think"]  # fmt: skip
+    chat = specllm_here(env, "chat", "-m", thinker, "--spec", "off", "-n", "3", stdin=b"2+2?\n")
+    assert chat.returncode == 0 and chat.stdout == ""
+    assert "max_tokens 3 was reached before any answer; the message was not kept" in chat.stderr
+
+
+def _ending_at_the_limit(generate):
+    """The scripted decoder's events, its end a token limit's (`length`) rather than the model's own."""
+
+    def wrapped(*args, **kwargs):
+        for event in generate(*args, **kwargs):
+            yield Done("length", event.tokens, event.text) if isinstance(event, Done) else event
+
+    return wrapped
+
+
+def test_serve_takes_reasoning_content_sent_back_with_an_answer():
+    from specllm.server import schema
+
+    body = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", "reasoning_content": "Two and two."},
+                         {"role": "user", "content": "And 3+3?"}]}  # fmt: skip
+    assert schema.parse("chat", body).messages[1] == {"role": "assistant", "content": "4", "reasoning_content": "Two and two."}

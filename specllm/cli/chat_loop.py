@@ -182,10 +182,14 @@ class ChatLoop:
             return
         self.conversation.add("user", text)
         reason, reply = self.reply(prompt)
-        if not reply and reason in ("interrupted", "context"):
-            self.conversation.withdraw()  # nothing to keep: the conversation stays as it was
-            why = "no room was left for a reply" if reason == "context" else "interrupted before the reply began"
-            self.note(f"({why}; the message was not kept{'; ' + CLEAR_HINT if reason == 'context' else ''})")
+        if not reply and reason in ("interrupted", "context", "length"):
+            self.conversation.withdraw()  # nothing to keep (a thinking model may have reasoned): the conversation stays as it was
+            why, hint = {
+                "context": ("no room was left for a reply", CLEAR_HINT),
+                "interrupted": ("interrupted before the reply began", None),
+                "length": (f"max_tokens {self.settings.max_tokens} was reached before any answer", "/set max_tokens N allows longer replies"),
+            }[reason]
+            self.note(f"({why}; the message was not kept{'; ' + hint if hint else ''})")
         else:
             self.conversation.add("assistant", reply)
             self.replies += 1

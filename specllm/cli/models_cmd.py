@@ -76,25 +76,27 @@ def rm(
         if not present:
             _say(c.stderr, f"{label}: not in the cache")
             continue
-        size = sum(f.stat().st_size for f in files if f.is_file())
+        size = sum(f.stat().st_size for f in present if not f.name.endswith(".verified"))  # begun downloads too
         for f in present:
             f.unlink()
         _say(c.stderr, f"{label}: removed {_size(size)}  {files[0]}")
 
 
 def _cached_hf_files(name: hfnames.HfName, cache) -> list:
-    """The cached files (downloaded, or begun) an hf: name means, as `run` would choose among them;
-    none where none fits; SpecllmError where the name fits several (it must name one)."""
+    """The cached files an hf: name means (downloaded or begun; a split GGUF's parts, however many
+    came), as `run` would choose among them; none where none fits; SpecllmError where several GGUFs
+    fit a quantisation (the name must pick one)."""
     folder = hfnames.folder(cache, name)
     paths = {p.with_name(p.name.removesuffix(".part")) for p in folder.rglob("*.gguf*") if p.name.endswith((".gguf", ".gguf.part"))} if folder.is_dir() else set()
-    files = [hfnames.RemoteFile(p.relative_to(folder).as_posix(), 0) for p in sorted(paths)]
-    try:
-        chosen = hfnames.select(name, files, "the cache")
-    except SpecllmError:
-        if name.file is None and len(hfnames.quant_groups(name, files)) > 1:
-            raise  # which one is meant: the message lists them
-        return []
-    return [folder / f.path for f in chosen]
+    files = {p.relative_to(folder).as_posix(): p for p in sorted(paths)}
+    if name.file is not None:
+        groups = {hfnames.group_of(name.file)} & {hfnames.group_of(f) for f in files}
+    else:
+        groups = hfnames.quant_groups(name, [hfnames.RemoteFile(f, 0) for f in files])
+        if len(groups) > 1:
+            raise SpecllmError(f"{name}: several GGUF files in the cache match {name.quant or hfnames.DEFAULT_QUANT}: "
+                               f"{', '.join(sorted(groups))}; name one as hf:{name.repo}/FILE.gguf")  # fmt: skip
+    return [path for f, path in files.items() if hfnames.group_of(f) in groups]
 
 
 def _say(console: Console, line: str) -> None:

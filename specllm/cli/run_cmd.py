@@ -92,6 +92,8 @@ def run(
     engine.keep_learned()  # after the text and JSON are out
     if not quiet and (sys.stderr.isatty() or verbose):
         c.stderr.print(summary_text(stats), style="dim" if c._colour_ok() else None, soft_wrap=True)
+    if splitter and not answer and done.finish_reason == "length" and not quiet:
+        c.warn(f"stopped after {len(done.tokens)} tokens while the model was still reasoning, before any answer: raise --max-tokens, or --no-think")
     if done.finish_reason == "context" and not quiet:
         c.warn(f"stopped after {len(done.tokens)} tokens: the context of {engine.target.n_ctx} tokens is full (raise --ctx-size)")
     stopper.raise_if_stopped()  # Ctrl-C: exit 130; SIGTERM: exit 143 (the text and JSON are out)

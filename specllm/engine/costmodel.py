@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 import time
@@ -154,7 +155,7 @@ class CostModel:
 
     def speed(self) -> float:
         """How much slower than the curve the machine runs now, as the latest one-token passes show (1: as it says)."""
-        return float(np.median(self._recent)) if self._recent else 1.0
+        return float(np.median(self._recent)) if len(self._recent) == RECENT_SINGLES else 1.0  # fewer: one stall would be it
 
     def _rescale(self, factor: float) -> None:
         """Every cost times `factor`: the machine runs that much slower (or faster) than measured."""
@@ -404,6 +405,8 @@ def load_learned(path: Path | None, key: str, calibrated: CostModel) -> CostMode
     # A size learned beyond OUTLIER_FACTOR of its calibrated share of one token's pass was learned
     # from stalls (before timings were bounded): it starts again from its calibration.
     one, calibrated_one = learned.batch_seconds[1], calibrated.batch_seconds[1]
+    if not (math.isfinite(one) and one > 0 and math.isfinite(calibrated_one) and calibrated_one > 0):
+        return None  # damaged: the calibration serves
     for k, seconds in calibrated.batch_seconds.items():
         share = seconds / calibrated_one
         if not share / OUTLIER_FACTOR <= learned.batch_seconds[k] / one <= share * OUTLIER_FACTOR:

@@ -120,6 +120,11 @@ def _stem(path: str) -> str:
     return split[0] if split else name[: -len(".gguf")]
 
 
+def group_of(path: str) -> str:
+    """The GGUF a file belongs to: a split one's parts are one (`NAME-*-of-00003.gguf`)."""
+    return _group(path)
+
+
 def _group(path: str) -> str:
     split = split_of(path)
     return f"{split[0]}-*-of-{split[2]:05d}.gguf" if split else path

@@ -161,6 +161,8 @@ def _messages(value) -> list[dict]:
             entry["tool_calls"] = _tool_calls(calls, f"{param}.tool_calls")
         if role == "tool" and isinstance(message.get("tool_call_id"), str):
             entry["tool_call_id"] = message["tool_call_id"]
+        if role == "assistant" and isinstance(message.get("reasoning_content"), str):  # as sent back to llama.cpp's server
+            entry["reasoning_content"] = message["reasoning_content"]
         out.append(entry)
     return out
 
