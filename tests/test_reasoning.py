@@ -16,6 +16,7 @@ import pytest
 
 from specllm.chat import ChatTemplate, encode_messages, reasoning_splitter
 from specllm.engine.decode import Done
+from specllm.models import catalog
 from specllm.reasoning import CONTENT, REASONING, ThinkSplitter
 from specllm.server.app import Service
 from specllm.session import Engine, ModelPaths, SpecConfig
@@ -161,7 +162,9 @@ def test_run_writes_the_reasoning_to_stderr_and_the_answer_to_stdout(thinker, sc
 def test_no_think_is_refused_where_every_answer_thinks_and_the_template_has_no_switch(tiny_dir, scripted):
     r1 = write_tiny_gguf(tiny_dir / "tiny-r1.gguf", 0, chat_template=R1)
     env = dict(os.environ)
-    assert_one_error(specllm_here(env, "run", "-m", r1, "--spec", "off", "-p", "2+2?", "--no-think"), 2, "--no-think", "tiny-r1.gguf", "opens a thinking block")
+    assert_one_error(specllm_here(env, "run", "-m", r1, "--spec", "auto", "-p", "2+2?", "--no-think"), 2, "--no-think", "tiny-r1.gguf", "opens a thinking block")
+    costs = catalog.cache_dir() / "costs.json"  # refused before auto's first run measured the cost curve
+    assert not costs.exists() or "tiny-r1.gguf" not in costs.read_text("utf-8")
     scripted.script = ["Hmm.\n</think>\n\n", "4"]  # the prompt opened the block
     done = specllm_here(env, "run", "-m", r1, "--spec", "off", "-p", "2+2?")
     assert (done.stdout, done.stderr) == ("4\n", "Hmm.\n")

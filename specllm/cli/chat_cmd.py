@@ -51,7 +51,7 @@ def chat(
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     colour = use_colour(color, sys.stdout)
     interactive = sys.stdin.isatty()
-    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact)
+    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, think=not no_think)
     loop = ChatLoop(
         engine,
         Conversation(system),

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from specllm.backend import LoadOptions
+from specllm.chat import thinking_variables
 from specllm.errors import SpecllmError, UsageError
 from specllm.models import catalog, store
 from specllm.session import Engine, ModelPaths, SpecConfig, pick_draft
@@ -27,9 +28,11 @@ def open_engine(
     gpu_layers_draft: int,
     exact: bool = False,
     announce: bool | None = None,
+    think: bool = True,
 ) -> Engine:
     """Resolve names to verified files (downloading when needed) and load them; with `--spec auto`,
-    measure the cost curve if none is cached, saying so (`announce`; default: where stderr is a terminal)."""
+    measure the cost curve if none is cached, saying so (`announce`; default: where stderr is a terminal).
+    `think` False (`--no-think`) is checked against the model's template before that measurement."""
     spec = spec.validate()
     reg = catalog.load_registry()
     model = model or catalog.default_preset(reg).name
@@ -47,6 +50,11 @@ def open_engine(
     options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers, exact=exact)
     draft_options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers_draft)
     engine = Engine(ModelPaths(target_path, draft_path), spec, options, draft_options, catalog.cache_dir() / "costs.json")
+    try:
+        thinking_variables(engine.target, think)  # a template that cannot answer without thinking: said before minutes of measuring
+    except UsageError:
+        engine.close()
+        raise
     if spec.strategy == "auto":
         cost_curve(engine, announce=sys.stderr.isatty() if announce is None else announce)
     return engine

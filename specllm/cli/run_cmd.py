@@ -56,7 +56,7 @@ def run(
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     colour = use_colour(color, sys.stdout) and not as_json
     text = c.read_prompt(prompt)
-    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact)
+    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, think=not no_think)
     tokens = engine.encode(text, system, raw, think=not no_think)
     splitter = None if raw else reasoning_splitter(engine.target, tokens)  # a thinking model's reasoning apart
     stats, done = Stats(), None

@@ -50,7 +50,7 @@ def serve(
         raise SpecllmError(f'`specllm serve` needs the server extra ({exc.name} is missing): pip install "specllm[server]"') from None
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     # a server's log says why it is not listening yet, a terminal or not
-    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, announce=True)
+    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, announce=True, think=not no_think)
     model_id = _model_id(model)
     variables = thinking_variables(engine.target, think=not no_think)
     service = Service(engine, model_id, queue_size, aliases=_aliases(model_id), variables=variables)
