@@ -106,12 +106,12 @@ def thinking_variables(backend, think: bool) -> dict | None:
     return None  # it only strips earlier turns' reasoning (Qwen3's 2507 Instruct): nothing to turn off
 
 
-def reasoning_splitter(backend, prompt: list[int]) -> ThinkSplitter | None:
-    """Where the model's template thinks, what tells the reply to `prompt` into reasoning and
-    answer (the prompt's end says whether the block is open already); else None: all answer."""
+def reasoning_splitter(backend, prompt: list[int]) -> ThinkSplitter:
+    """What tells the reply to `prompt` into reasoning and answer: where the model's template thinks,
+    by the tags (the prompt's end says whether the block is open already); else all answer."""
     template = _template(backend)
     if template is None or not template.thinks:
-        return None
+        return ThinkSplitter(thinks=False)
     return ThinkSplitter(b"".join(backend.token_bytes(t) for t in prompt[-16:]).decode("utf-8", "replace"))
 
 

@@ -19,13 +19,15 @@ def template_thinks(template_text: str) -> bool:
 
 
 class ThinkSplitter:
-    """Streamed text in, (REASONING | CONTENT, text) pieces out, a tag cut between pieces held back."""
+    """Streamed text in, (REASONING | CONTENT, text) pieces out, a tag cut between pieces held back;
+    for a model that does not think (`thinks` False), every piece is answer."""
 
-    def __init__(self, prompt_tail: str):
+    def __init__(self, prompt_tail: str = "", thinks: bool = True):
+        self.thinks = thinks
         tail = prompt_tail.rstrip()
         # "open": the model may begin with <think> (only whitespace before it); "think"; "between"
         # (after </think>, before the answer's first character); "answer"
-        self._state = "think" if tail.endswith(OPEN) else "answer" if tail.endswith(CLOSE) else "open"
+        self._state = "answer" if not thinks or tail.endswith(CLOSE) else "think" if tail.endswith(OPEN) else "open"
         self._held = ""
         self._started = False  # whether reasoning text has been given (its leading blank lines dropped)
         self.reasoning, self.content = [], []

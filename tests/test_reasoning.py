@@ -71,6 +71,11 @@ def test_streamed_pieces_add_up_to_the_whole_however_the_text_is_cut(name):
             assert all(t for _, t in pieces)
 
 
+def test_a_model_that_does_not_think_writes_all_answer():
+    splitter = ThinkSplitter("assistant\n", thinks=False)
+    assert splitter.push("<think>") == [(CONTENT, "<think>")] and splitter.read("x</think>y") == (None, "<think>x</think>y")
+
+
 def test_reasoning_is_given_as_it_comes():
     splitter = ThinkSplitter("assistant\n")
     assert splitter.push("<think>\nFirst") == [(REASONING, "First")]

@@ -41,7 +41,6 @@ from specllm.cli.interrupt import StopOnSignal
 from specllm.engine.decode import Done, StepDone, TokenCommitted
 from specllm.engine.stats import Stats
 from specllm.errors import SpecllmError, UsageError
-from specllm.reasoning import CONTENT
 from specllm.session import STRATEGIES
 
 ReadLine = Callable[[str], str]  # returns a line without its newline; EOFError at the end
@@ -246,7 +245,7 @@ class ChatLoop:
                     stats.update(event)
                     self.session.update(event)
                     if isinstance(event, TokenCommitted):
-                        write(splitter.push(event.text) if splitter else [(CONTENT, event.text)], event.source)
+                        write(splitter.push(event.text), event.source)
                     elif isinstance(event, StepDone):
                         live.update(stats)
                     elif isinstance(event, Done):
@@ -256,8 +255,7 @@ class ChatLoop:
                 raise
             # A second Ctrl-C lands mid-step: the KV caches may not match the history, so start afresh.
             self.decoder = self.engine.decoder(self.strategy)
-        if splitter:
-            write(splitter.finish(), "target")
+        write(splitter.finish(), "target")
         reasoning.end()
         text = "".join(pieces)
         self.out.write("" if text.endswith("\n") or not text else "\n")

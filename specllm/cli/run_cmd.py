@@ -17,7 +17,7 @@ from specllm.cli.display import LiveStatus, ReasoningWriter, TokenWriter, summar
 from specllm.cli.interrupt import StopOnSignal
 from specllm.engine.decode import Done, StepDone, TokenCommitted
 from specllm.engine.stats import Stats
-from specllm.reasoning import CONTENT
+from specllm.reasoning import ThinkSplitter
 from specllm.session import SpecConfig
 
 
@@ -58,7 +58,7 @@ def run(
     text = c.read_prompt(prompt)
     engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, think=not no_think)
     tokens = engine.encode(text, system, raw, think=not no_think)
-    splitter = None if raw else reasoning_splitter(engine.target, tokens)  # a thinking model's reasoning apart
+    splitter = ThinkSplitter(thinks=False) if raw else reasoning_splitter(engine.target, tokens)  # a thinking model's reasoning apart
     stats, done = Stats(), None
     writer = TokenWriter(colour=colour)
     live_enabled = sys.stderr.isatty() and not quiet and not verbose
@@ -68,22 +68,21 @@ def run(
         for event in events:
             stats.update(event)
             if isinstance(event, TokenCommitted):
-                pieces = splitter.push(event.text) if splitter else [(CONTENT, event.text)]
+                pieces = splitter.push(event.text)
                 if not as_json:
                     write_reply(pieces, writer, reasoning, event.source)
             elif isinstance(event, StepDone):
                 live.update(stats)
             elif isinstance(event, Done):
                 done = event
-        if splitter:
-            pieces = splitter.finish()
-            if not as_json:
-                write_reply(pieces, writer, reasoning, "target")
-                reasoning.end()
-    answer = "".join(splitter.content) if splitter else done.text
+        pieces = splitter.finish()
+        if not as_json:
+            write_reply(pieces, writer, reasoning, "target")
+            reasoning.end()
+    answer = "".join(splitter.content)
     if as_json:
         result = _json_result(done, stats, engine, spec_config.strategy)
-        if splitter:
+        if splitter.thinks:
             result.update(text=answer, reasoning="".join(splitter.reasoning))
         print(json.dumps(result, ensure_ascii=False))
     elif answer and not answer.endswith("\n"):
@@ -92,7 +91,7 @@ def run(
     engine.keep_learned()  # after the text and JSON are out
     if not quiet and (sys.stderr.isatty() or verbose):
         c.stderr.print(summary_text(stats), style="dim" if c._colour_ok() else None, soft_wrap=True)
-    if splitter and not answer and done.finish_reason == "length" and not quiet:
+    if splitter.thinks and not answer and done.finish_reason == "length" and not quiet:
         c.warn(f"stopped after {len(done.tokens)} tokens while the model was still reasoning, before any answer: raise --max-tokens, or --no-think")
     if done.finish_reason == "context" and not quiet:
         c.warn(f"stopped after {len(done.tokens)} tokens: the context of {engine.target.n_ctx} tokens is full (raise --ctx-size)")

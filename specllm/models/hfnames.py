@@ -79,7 +79,7 @@ def select(name: HfName, files: list[RemoteFile], where: str = "the repository")
         return parts_of(chosen, ggufs, name)
     quant = name.quant or DEFAULT_QUANT
     fitting = _of_quant(quant, ggufs)
-    groups = quant_groups(name, ggufs)
+    groups = {group_of(f.path) for f in fitting}
     if not groups:
         raise SpecllmError(f"{name}: no GGUF file in {where} matches {quant} (GGUF files there: {_listing(ggufs)})")
     if len(groups) > 1:
@@ -92,7 +92,7 @@ def select(name: HfName, files: list[RemoteFile], where: str = "the repository")
 
 def quant_groups(name: HfName, files: list[RemoteFile]) -> set[str]:
     """The GGUFs (a split one as one) whose names carry the name's quantisation."""
-    return {_group(f.path) for f in _of_quant(name.quant or DEFAULT_QUANT, files)}
+    return {group_of(f.path) for f in _of_quant(name.quant or DEFAULT_QUANT, files)}
 
 
 def _of_quant(quant: str, files: list[RemoteFile]) -> list[RemoteFile]:
@@ -122,16 +122,12 @@ def _stem(path: str) -> str:
 
 def group_of(path: str) -> str:
     """The GGUF a file belongs to: a split one's parts are one (`NAME-*-of-00003.gguf`)."""
-    return _group(path)
-
-
-def _group(path: str) -> str:
     split = split_of(path)
     return f"{split[0]}-*-of-{split[2]:05d}.gguf" if split else path
 
 
 def _listing(files: list[RemoteFile], most: int = 12) -> str:
-    names = sorted({_group(f.path) for f in files})
+    names = sorted({group_of(f.path) for f in files})
     if not names:
         return "none"
     return ", ".join(names[:most]) + (f", ... ({len(names) - most} more)" if len(names) > most else "")

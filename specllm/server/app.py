@@ -22,7 +22,7 @@ from starlette.routing import Route
 from specllm.chat import encode_infill, encode_messages, encode_raw, reasoning_splitter
 from specllm.engine.decode import Decoder
 from specllm.errors import SpecllmError
-from specllm.reasoning import CONTENT, REASONING, ThinkSplitter
+from specllm.reasoning import REASONING, ThinkSplitter
 from specllm.server import schema, tools
 from specllm.server.schema import ApiError, Renderer
 from specllm.server.worker import Job, Result, Worker
@@ -128,17 +128,16 @@ async def _generate(service: Service, kind: str, http: HttpRequest):
 
     job = Job(prompt, max_tokens, request.params, post, request.stop)
     service.worker.submit(job)
-    thinking = reasoning_splitter(service.engine.target, prompt) if kind == "chat" else None
+    thinking = reasoning_splitter(service.engine.target, prompt) if kind == "chat" else ThinkSplitter(thinks=False)
     return JobResponse(job, events, request, Renderer(kind, service.model_id), service.strategy, thinking)
 
 
 class JobResponse:
     """An ASGI response that follows one job; a client that goes away cancels it."""
 
-    def __init__(self, job: Job, events: asyncio.Queue, request: schema.Request, render: Renderer, strategy: str,
-                 thinking: ThinkSplitter | None = None):  # fmt: skip
+    def __init__(self, job: Job, events: asyncio.Queue, request: schema.Request, render: Renderer, strategy: str, thinking: ThinkSplitter):
         self.job, self.events, self.request, self.render, self.strategy = job, events, request, render, strategy
-        self.thinking = thinking  # a thinking model's: its reasoning goes apart from the answer
+        self.thinking = thinking  # a thinking model's reasoning goes apart from the answer
 
     async def __call__(self, scope, receive, send) -> None:
         watcher = asyncio.ensure_future(self._watch(receive))
@@ -170,9 +169,8 @@ class JobResponse:
             elif kind == "error":
                 return await _send_json(send, payload.status, payload.body())
             elif kind == "done":
-                text, reason, calls, reasoning = "".join(pieces), self._reason(payload), None, None
-                if self.thinking:
-                    reasoning, text = self.thinking.read(text)
+                text, reason, calls = "".join(pieces), self._reason(payload), None
+                reasoning, text = self.thinking.read(text)
                 if self.request.tools:
                     content, found = tools.split(self.request.tool_prefill + text, self.request.tool_names)
                     if found:  # else the model's own text, a required call's opening apart
@@ -189,13 +187,13 @@ class JobResponse:
         while True:
             kind, payload = await self.events.get()
             if kind == "text":
-                for part, piece in self.thinking.push(payload) if self.thinking else [(CONTENT, payload)]:
+                for part, piece in self.thinking.push(payload):
                     await self._piece(send, part, piece, content)
             elif kind == "error":
                 await self._event(send, payload.body())
                 break
             elif kind == "done":
-                for part, piece in self.thinking.finish() if self.thinking else []:
+                for part, piece in self.thinking.finish():
                     await self._piece(send, part, piece, content)
                 usage, reason = schema.usage(payload.stats, self.strategy), self._reason(payload)
                 if content is not None:
