@@ -135,7 +135,9 @@ DATA = Path(__file__).resolve().parent / "data"
 # repacked layouts, its AMX ones left out), and with no extra buffer types at all (where AMX cannot
 # be left out alone): dear at first (a batch of 2 at 1.33 tokens, 4 at 2.09), then nearly flat (16
 # at 3.36, 32 at 4.73); and the same Xeon with `--exact`'s batch-invariant kernels, the steepest
-# (16 at 5.99, 32 at 11.8). Last, a 7B-shaped target (`scripts/gguf_twin.py`) with the 0.5B on the 2-core
+# (16 at 5.99, 32 at 11.8); then a 2-core AMD EPYC of the Zen 2 family (AVX2), as its first run
+# calibrated it and as one bench's passes refined it (dearer batches beside one token: 2 at 1.64
+# tokens, 16 at 7.32). Last, a 7B-shaped target (`scripts/gguf_twin.py`) with the 0.5B on the 2-core
 # AVX2 EPYC: a pass 0.21 s, the draft step 0.12 of one, the only curve where the draft model pays
 # but not at its prior (it needs about 0.8 acceptance), so only a target sure of itself brings it in.
 # The recordings also keep the target's top probability on every generated token (what `auto`
@@ -148,6 +150,8 @@ CHECKED_CURVES = (
     "epyc-avx2-2core-2026-12-04.json",
     "xeon-amx-2core-repack-2026-12-05.json",
     "xeon-amx-2core-exact-2026-12-05.json",
+    "epyc-zen2-avx2-2core-2026-12-06.json",
+    "epyc-zen2-avx2-2core-2026-12-06-learned.json",
 )
 CPU_CURVES = (*CHECKED_CURVES, "xeon-amx-2core-2026-12-05.json")
 CURVES = (*CPU_CURVES, "flat-gpu-synthetic.json", SEVEN_B)
