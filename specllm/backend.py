@@ -312,6 +312,13 @@ class LlamaBackend:
         tokens = (lib.llama_vocab_fim_pre(vocab), lib.llama_vocab_fim_suf(vocab), lib.llama_vocab_fim_mid(vocab))
         return None if min(tokens) < 0 else tuple(int(t) for t in tokens)
 
+    def fim_repo_tokens(self) -> tuple[int | None, int | None]:
+        """The repository-name and file-separator tokens of repo-level fill-in-the-middle
+        (Qwen2.5-Coder's <|repo_name|> and <|file_sep|>), each None where the model has none."""
+        lib, vocab = self._lib, self._vocab
+        tokens = (lib.llama_vocab_fim_rep(vocab), lib.llama_vocab_fim_sep(vocab))
+        return tuple(int(t) if t >= 0 else None for t in tokens)
+
     def apply_chat_template(self, messages: list[dict], add_assistant: bool = True, tools: list[dict] | None = None,
                             variables: dict | None = None) -> str:  # fmt: skip
         """Render messages with the model's own template: its Jinja text as Transformers renders it

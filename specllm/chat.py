@@ -39,6 +39,47 @@ def encode_infill(backend, prefix: str, suffix: str) -> list[int]:
     return tokens + [pre] + backend.tokenize(prefix) + [suf] + backend.tokenize(suffix) + [mid]
 
 
+# llama.cpp's server reads an /infill request into a batch of this many tokens (its default `-b`):
+# the code before the gap keeps its last three quarters of it, the code after the first quarter, and
+# the files sent beside them fill what the context has left, the same for every request (so a
+# request that only warms the cache, `n_predict` 0, and the completion after it share the files'
+# tokens). specllm cuts alike, keeping INFILL_ANSWER tokens twice over for the answer where
+# llama.cpp keeps its server-wide `-n`'s (none by default, and then a full gap overflows).
+INFILL_BATCH = 2048
+INFILL_ANSWER = 256  # the most llama.vim asks for (llama.vscode: 128): at least 510 tokens are left for it
+INFILL_PROJECT = "myproject"  # the repository's name in the repo-level layout, as llama.cpp's server writes it
+INFILL_FILE = "filename"  # and the name of the file being edited, which /infill does not send
+
+
+def encode_repo_infill(backend, prefix: str, suffix: str, prompt: str = "", extra: list[tuple[str, str]] = ()) -> list[int]:
+    """llama.cpp's /infill prompt: other files of the project (`extra`: (filename, text), oldest
+    first) in Qwen2.5-Coder's repo-level layout where the model has its tokens (a plain separator
+    between snippets where not), then the gap: FIM prefix, the code before it and `prompt` (the
+    line typed so far), FIM suffix, the code after it, FIM middle. Cut to fit as llama.cpp's server
+    cuts it (`INFILL_BATCH`, `INFILL_ANSWER`; a BOS, where the model wants one, comes first:
+    llama.cpp's server puts it after the files). UsageError where the model has no FIM tokens."""
+    fim = backend.fim_tokens()
+    if fim is None:
+        raise UsageError(f"{backend.path.name} has no fill-in-the-middle tokens")
+    pre, suf, mid = fim
+    repo, sep = backend.fim_repo_tokens()
+    context: list[int] = []
+    if repo is not None:
+        context += [repo] + backend.tokenize(f"{INFILL_PROJECT}\n")
+    for filename, text in extra:
+        context += [sep] + backend.tokenize(f"{filename}\n") if sep is not None else backend.tokenize("\n\n--- snippet ---\n\n")
+        context += backend.tokenize(text)
+    if sep is not None:
+        context += [sep] + backend.tokenize(f"{INFILL_FILE}\n")
+    typed = backend.tokenize(prompt)
+    before = backend.tokenize(prefix)[-(3 * (INFILL_BATCH // 4)) :]
+    after = backend.tokenize(suffix)[: max(0, INFILL_BATCH // 4 - (2 + len(typed)))]
+    room = max(0, backend.n_ctx - INFILL_BATCH - 2 * INFILL_ANSWER)
+    context = context[len(context) - min(room, len(context)) :]  # the latest files first
+    start = backend.tokenize("", add_special=True, parse_special=False) if backend.add_bos else []
+    return start + context + [pre] + before + typed + [suf] + after + [mid]
+
+
 def encode_messages(backend, messages: list[dict], add_assistant: bool = True, tools: list[dict] | None = None, prefill: str = "",
                     variables: dict | None = None) -> list[int]:  # fmt: skip
     """Render with the model's chat template; contents are tokenized without parsing special tokens.

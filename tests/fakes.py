@@ -196,6 +196,9 @@ class Scripted:
         self.prompts.append(list(prompt))
         yield PrefillDone(len(prompt), 0, 0.0)
         for i, piece in enumerate(self.script):
+            if stop is not None and stop():  # asked before each step, as the real loop asks
+                yield Done("interrupted", list(range(i)), "".join(self.script[:i]))
+                return
             yield TokenCommitted(i, piece, "target")
             yield StepDone(None, 0, 0, 1, 0.0, 0.001, 0.001)
         yield Done("stop", list(range(len(self.script))), "".join(self.script))

@@ -19,7 +19,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from specllm.chat import encode_infill, encode_messages, encode_raw, reasoning_splitter
+from specllm.chat import encode_infill, encode_messages, encode_raw, encode_repo_infill, reasoning_splitter
 from specllm.engine.decode import Decoder
 from specllm.errors import SpecllmError
 from specllm.reasoning import REASONING, ThinkSplitter
@@ -48,6 +48,9 @@ class Service:
 
     def encode(self, request: schema.Request) -> list[int]:
         target = self.engine.target
+        if request.kind == "infill":
+            gap = request.infill
+            return encode_repo_infill(target, gap.prefix, gap.suffix, gap.typed, gap.extra)
         if request.kind == "chat":
             if request.tools:
                 template = target.chat_template()
@@ -75,6 +78,9 @@ def create_app(service: Service) -> Starlette:
     async def completions(request: HttpRequest):
         return await _generate(service, "completion", request)
 
+    async def infill(request: HttpRequest):  # llama.cpp's, for its editor plugins (llama.vim, llama.vscode)
+        return await _generate(service, "infill", request)
+
     async def models(request: HttpRequest):
         return JSONResponse(schema.models_list(service.model_id, service.created))
 
@@ -92,6 +98,7 @@ def create_app(service: Service) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/infill", infill, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
@@ -107,13 +114,14 @@ async def _generate(service: Service, kind: str, http: HttpRequest):
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise ApiError(400, "the request body is not valid JSON here: nested too deeply") from None
-    request = schema.parse(kind, body)
+    request = schema.parse_infill(body) if kind == "infill" else schema.parse(kind, body)
     if request.model is not None:
         service.check_name(request.model)
     try:
         prompt = await run_in_threadpool(service.encode, request)
     except SpecllmError as exc:  # a template that cannot render these messages, a model without FIM tokens
-        param = ("tools" if request.tools else "messages") if kind == "chat" else "suffix" if request.suffix is not None else "prompt"
+        fields = {"chat": "tools" if request.tools else "messages", "infill": "input_prefix"}
+        param = fields.get(kind, "suffix" if request.suffix is not None else "prompt")
         raise ApiError(400, str(exc), param) from None
     if not prompt:
         raise ApiError(400, "the prompt is empty", "prompt")
@@ -126,10 +134,10 @@ async def _generate(service: Service, kind: str, http: HttpRequest):
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
 
-    job = Job(prompt, max_tokens, request.params, post, request.stop)
+    job = Job(prompt, max_tokens, request.params, post, request.stop, request.n_indent, request.t_max_predict_ms / 1000)
     service.worker.submit(job)
     thinking = reasoning_splitter(service.engine.target, prompt) if kind == "chat" else ThinkSplitter(thinks=False)
-    return JobResponse(job, events, request, Renderer(kind, service.model_id), service.strategy, thinking)
+    return JobResponse(job, events, request, Renderer(kind, service.model_id, request.response_fields), service.strategy, thinking)
 
 
 class JobResponse:
@@ -212,7 +220,8 @@ class JobResponse:
                 else:  # usage on the last chunk all the same (what speculation did), as llama.cpp's server sends its timings
                     await self._event(send, self.render.chunk(None, reason, usage))
                 break
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        end = b"" if self.request.kind == "infill" else b"data: [DONE]\n\n"  # llama.cpp's own stream has no end marker
+        await send({"type": "http.response.body", "body": end, "more_body": False})
 
     async def _piece(self, send, part: str, text: str, content: tools.ContentText | None) -> None:
         """Reasoning as it comes; answer text held back where it may begin a tool call."""
@@ -228,8 +237,9 @@ class JobResponse:
             data = b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
-    @staticmethod
-    def _reason(result: Result) -> str:
+    def _reason(self, result: Result) -> str:
+        if self.request.kind == "infill":
+            return schema.infill_stop_type(result)
         return "stop" if result.stopped_by_text else schema.finish_reason(result.finish_reason)
 
 

@@ -41,8 +41,18 @@ def busy(message: str) -> ApiError:
 
 
 @dataclass(frozen=True)
+class Infill:
+    """What llama.cpp's /infill takes (as its editor plugins, llama.vim and llama.vscode, send it)."""
+
+    prefix: str  # `input_prefix`: the code before the gap
+    suffix: str  # `input_suffix`: the code after it
+    typed: str = ""  # `prompt`: the line typed so far, after the prefix
+    extra: list[tuple[str, str]] = field(default_factory=list)  # `input_extra`: (filename, text) of other code
+
+
+@dataclass(frozen=True)
 class Request:
-    kind: str  # "chat" or "completion"
+    kind: str  # "chat", "completion" or "infill"
     messages: list[dict] | None  # chat: roles mapped to the template's (developer -> system); tool calls' arguments as objects
     prompt: str | list[int] | None  # completion: text, or token ids
     max_tokens: int | None  # None: as many as the context holds (chat)
@@ -55,6 +65,10 @@ class Request:
     tools: list[dict] | None = None  # chat: function definitions for the template (None: none, or tool_choice "none")
     tool_choice: str | dict = "auto"  # "auto", "required", or {"type": "function", "function": {"name": ...}}
     template_variables: dict | None = None  # chat: `chat_template_kwargs`, such as Qwen3's {"enable_thinking": false}
+    infill: Infill | None = None  # infill: the gap and what is around it
+    n_indent: int = 0  # infill: end before a line indented less than this (llama.cpp's `n_indent`); 0 or less: never
+    t_max_predict_ms: float = 0.0  # infill: past a new line, end once generating has taken this long; 0 or less: never
+    response_fields: list[str] | None = None  # infill: only these fields of the answer, by path ("timings/prompt_n")
 
     @property
     def tool_prefill(self) -> str:
@@ -106,14 +120,51 @@ def parse(kind: str, body: object) -> Request:
     )
 
 
+def parse_infill(body: object) -> Request:
+    """An /infill body, checked as llama.cpp's server checks it; `samplers`, `cache_prompt` and
+    `t_max_prompt_ms` are ignored. `n_predict` -1 or left out: until the end token or the context's
+    end (as one larger than the context); 0: read the prompt only (editors warm the cache with it)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {_type(body)}")
+    prefix, suffix = (_get(body, name, str, None) for name in ("input_prefix", "input_suffix"))
+    for name, value in (("input_prefix", prefix), ("input_suffix", suffix)):
+        if value is None:
+            raise ApiError(400, f"missing required field {name!r}", name)
+    extra = []
+    chunks = body.get("input_extra", [])
+    if chunks is None:
+        chunks = []
+    if not isinstance(chunks, list):
+        raise ApiError(400, "'input_extra' must be an array of {\"filename\": string, \"text\": string}", "input_extra")
+    for i, chunk in enumerate(chunks):
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str):
+            raise ApiError(400, f"input_extra[{i}] must be an object with a \"text\" string", f"input_extra[{i}]")
+        filename = chunk.get("filename", "tmp")  # llama.cpp's name for a chunk without one
+        if not isinstance(filename, str):
+            raise ApiError(400, f"input_extra[{i}].filename must be a string, got {_type(filename)}", f"input_extra[{i}].filename")
+        extra.append((filename, chunk["text"]))
+    max_tokens = _get(body, "n_predict", int, _get(body, "max_tokens", int, None))
+    if max_tokens is not None and max_tokens < -1:
+        raise ApiError(400, f"'n_predict' must be -1 (no limit), 0 (read the prompt only) or more, got {max_tokens}", "n_predict")
+    fields = body.get("response_fields")
+    if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
+        raise ApiError(400, "'response_fields' must be an array of strings", "response_fields")
+    return Request(
+        "infill", None, None, None if max_tokens == -1 else max_tokens, _params(body), _stop(body.get("stop")),
+        _get(body, "stream", bool, False), model=_get(body, "model", str, None),
+        infill=Infill(prefix, suffix, _get(body, "prompt", str, ""), extra), n_indent=max(0, _get(body, "n_indent", int, 0)),
+        t_max_predict_ms=max(0.0, float(_get(body, "t_max_predict_ms", float, 0))), response_fields=fields or None,
+    )  # fmt: skip
+
+
 def check_length(request: Request, prompt_tokens: int, n_ctx: int) -> int:
     """The most tokens to generate for a prompt of this size; ApiError when it cannot fit."""
     if prompt_tokens >= n_ctx:
         raise ApiError(400, f"the prompt has {prompt_tokens} tokens but the context holds {n_ctx}",
-                       "messages" if request.kind == "chat" else "prompt", "context_length_exceeded")  # fmt: skip
+                       {"chat": "messages", "infill": "input_prefix"}.get(request.kind, "prompt"), "context_length_exceeded")  # fmt: skip
     if request.max_tokens is None:
         return n_ctx - prompt_tokens
-    if request.max_tokens > n_ctx:
+    if request.max_tokens > n_ctx and request.kind != "infill":  # llama.cpp's /infill runs to the context's end
         raise ApiError(400, f"max_tokens is {request.max_tokens}, more than the context holds ({n_ctx} tokens)",
                        "max_tokens", "context_length_exceeded")  # fmt: skip
     # One that fits the context but not beside this prompt runs until the context is full ("length"), as
@@ -334,8 +385,9 @@ def usage(stats: Stats, strategy: str) -> dict:
 class Renderer:
     """Builds the objects of one response (an id and a creation time shared by all its chunks)."""
 
-    def __init__(self, kind: str, model: str):
+    def __init__(self, kind: str, model: str, fields: list[str] | None = None):
         self.kind, self.model = kind, model
+        self.fields = fields  # infill: `response_fields`
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         self.id, self.created = f"{prefix}-{uuid.uuid4().hex[:24]}", int(time.time())
 
@@ -343,6 +395,8 @@ class Renderer:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def whole(self, text: str | None, reason: str, usage: dict, tool_calls: list[dict] | None = None, reasoning: str | None = None) -> dict:
+        if self.kind == "infill":
+            return infill_body(text, reason, usage, self.model, self.fields)
         if self.kind == "chat":
             message = {"role": "assistant", "content": text, **({"tool_calls": tool_calls} if tool_calls else {})}
             if reasoning is not None:  # a thinking model's, as llama.cpp's server and DeepSeek's API name it
@@ -354,6 +408,8 @@ class Renderer:
 
     def chunk(self, text: str | None, reason: str | None = None, usage: dict | None = None, first: bool = False,
               tool_calls: list[dict] | None = None, reasoning: str | None = None) -> dict:  # fmt: skip
+        if self.kind == "infill":  # llama.cpp's stream: the text, then the whole answer's fields with none
+            return {"content": text or "", "stop": False} if reason is None else infill_body("", reason, usage, self.model, self.fields)
         if self.kind == "chat":
             delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
             if tool_calls:
@@ -373,6 +429,64 @@ class Renderer:
         """The closing chunk `stream_options.include_usage` asks for: no choices, the usage."""
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         return {**self._head(obj), "choices": [], "usage": usage}
+
+
+def infill_stop_type(result) -> str:
+    """Why an /infill answer ended, in llama.cpp's words: its end token (eos), a stop string (word),
+    a limit (n_predict, the context, n_indent, t_max_predict_ms), or neither (none: cut short). An
+    indentation cut comes before any stop string in the text (the stop strings never see what it cut)."""
+    if result.cut:
+        return "limit"
+    if result.stopped_by_text:
+        return "word"
+    if result.finish_reason in ("length", "context"):
+        return "limit"
+    return "eos" if result.finish_reason == "stop" else "none"
+
+
+def infill_body(text: str, stop_type: str, usage: dict, model: str, fields: list[str] | None = None) -> dict:
+    """An /infill answer as llama.cpp's server writes it (the fields its editor plugins read: content,
+    timings, tokens_cached), with specllm's usage beside; with `fields` (`response_fields`), only
+    those, each under its path as llama.cpp returns them ({"timings/prompt_n": 12}: llama.vim reads them so)."""
+    spec = usage["speculation"]
+    prompt_n = usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+    predicted_n, prompt_ms, predicted_ms = usage["completion_tokens"], spec["prefill_seconds"] * 1000, spec["seconds"] * 1000
+    timings = {
+        "prompt_n": prompt_n,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
+        "prompt_per_second": round(1000 * prompt_n / prompt_ms, 2) if prompt_ms else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_ms / predicted_n, 3) if predicted_n else 0.0,
+        "predicted_per_second": round(1000 * predicted_n / predicted_ms, 2) if predicted_ms else 0.0,
+    }
+    body = {
+        "content": text,
+        "stop": True,
+        "stop_type": stop_type,
+        "model": model,
+        "tokens_predicted": predicted_n,
+        "tokens_evaluated": usage["prompt_tokens"],
+        "tokens_cached": usage["prompt_tokens"] + predicted_n,
+        "truncated": False,
+        "timings": timings,
+        "usage": usage,
+    }
+    return body if not fields else {path: value for path in fields if (value := _at(body, path)) is not _MISSING}
+
+
+_MISSING = object()
+
+
+def _at(body: dict, path: str):
+    """The value at a "/"-separated path of nested objects, or _MISSING."""
+    value = body
+    for key in path.split("/"):
+        if not isinstance(value, dict) or key not in value:
+            return _MISSING
+        value = value[key]
+    return value
 
 
 def model_object(model_id: str, created: int) -> dict:

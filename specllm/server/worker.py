@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from specllm.engine.decode import Decoder, Done, TokenCommitted
+from specllm.engine.decode import Decoder, Done, PrefillDone, TokenCommitted
 from specllm.engine.sampling import SamplingParams
 from specllm.engine.stats import Stats
 from specllm.errors import SpecllmError
@@ -33,6 +34,7 @@ class Result:
     finish_reason: str  # the engine's: stop, length, context, interrupted
     stopped_by_text: bool  # a stop string ended it
     stats: Stats
+    cut: bool = False  # a line indented too little, or the time limit, ended it (llama.cpp's `n_indent`, `t_max_predict_ms`)
 
 
 @dataclass
@@ -42,6 +44,8 @@ class Job:
     params: SamplingParams
     post: Callable[[str, object], None]
     stop: list[str] = field(default_factory=list)
+    n_indent: int = 0  # end before a new line indented less than this (0: never)
+    time_limit: float = 0.0  # seconds: once a new line has come, end when generating has taken this long (0: never)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -68,6 +72,43 @@ class StopText:
         keep = max((k for s in self.stops for k in range(1, min(len(s) - 1, len(text)) + 1) if text.endswith(s[:k])), default=0)
         self.held = text[len(text) - keep :]
         return text[: len(text) - keep]
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return "" if self.stopped else held
+
+
+class IndentCut:
+    """Text pieces in, text out, ending before the first line (after the first) indented less than
+    `n_indent` spaces or tabs, as llama.cpp's server does for editors (the rest of a block, and no
+    more); the short line's indentation is kept, as there. Unlike llama.cpp's, a blank line (a
+    carriage return's too) does not end it: it says nothing of where the block ends. A new line's
+    indentation is held back until its first character shows whether the line ends the text."""
+
+    def __init__(self, n_indent: int):
+        self.n_indent = n_indent
+        self.held = ""  # the indentation of a line begun, its code not seen yet
+        self.at_line_start = False  # the first line (the one being typed) is never checked
+        self.stopped = False
+
+    def push(self, piece: str) -> str:
+        if self.stopped or self.n_indent <= 0:
+            return "" if self.stopped else piece
+        out = []
+        for char in piece:
+            if char == "\n":
+                out.append(self.held + char)
+                self.held, self.at_line_start = "", True
+            elif self.at_line_start and char in " \t\r":
+                self.held += char
+            elif self.at_line_start and len(self.held.replace("\r", "")) < self.n_indent:
+                self.stopped = True
+                out.append(self.held)
+                break
+            else:
+                out.append(self.held + char)
+                self.held, self.at_line_start = "", False
+        return "".join(out)
 
     def flush(self) -> str:
         held, self.held = self.held, ""
@@ -161,23 +202,34 @@ class Worker:
 
     def _serve(self, job: Job) -> None:
         job.post("start", None)
-        stats, text, done = Stats(), StopText(job.stop), None
+        stats, text, indent, done = Stats(), StopText(job.stop), IndentCut(job.n_indent), None
         pieces = []
         rng = np.random.default_rng(job.params.seed)
+        started = None  # when generating began (the prompt read)
+        new_line = timed_out = False
+
+        def out_of_time() -> bool:
+            nonlocal timed_out
+            if job.time_limit and new_line and not timed_out:
+                timed_out = time.perf_counter() - started > job.time_limit
+            return timed_out
 
         def should_stop() -> bool:
-            return job.cancelled.is_set() or text.stopped or self.aborting.is_set()
+            return job.cancelled.is_set() or text.stopped or indent.stopped or self.aborting.is_set() or out_of_time()
 
         try:
             for event in self.decoder.generate(job.prompt, job.max_tokens, job.params, rng, stop=should_stop):
-                if isinstance(event, TokenCommitted) and text.stopped:
+                if isinstance(event, TokenCommitted) and (text.stopped or indent.stopped):
                     continue  # committed in the step that met a stop string, after it: neither sent nor counted
                 stats.update(event)
                 if isinstance(event, TokenCommitted):
-                    piece = text.push(event.text)
+                    piece = indent.push(text.push(event.text))
                     if piece:
                         pieces.append(piece)
                         job.post("text", piece)
+                        new_line = new_line or "\n" in piece
+                elif isinstance(event, PrefillDone):
+                    started = time.perf_counter()
                 elif isinstance(event, Done):
                     done = event
         except SpecllmError as exc:
@@ -187,14 +239,14 @@ class Worker:
             log.exception("generation failed")
             self._fail(job, ApiError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error"))
             return
-        tail = text.flush()
+        tail = indent.push(text.flush()) + indent.flush()
         if tail:
             pieces.append(tail)
             job.post("text", tail)
-        result = Result("".join(pieces), done.finish_reason, text.stopped, stats)
+        result = Result("".join(pieces), done.finish_reason, text.stopped, stats, indent.stopped or timed_out)
         self.served += 1
         self.history = (self.history + [result])[-16:]
-        if done.finish_reason == "interrupted" and self.aborting.is_set() and not text.stopped:  # a second signal
+        if done.finish_reason == "interrupted" and self.aborting.is_set() and not (text.stopped or result.cut):  # a second signal
             job.post("error", busy(f"{SHUTTING_DOWN}: this generation was cut short after {stats.tokens} tokens"))
         else:
             job.post("done", result)
