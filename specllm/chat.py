@@ -31,12 +31,21 @@ def encode_infill(backend, prefix: str, suffix: str) -> list[int]:
     (prefix, suffix, middle: the order Qwen2.5-Coder, StarCoder and CodeLlama are trained on, and
     llama.cpp's /infill sends), the code itself tokenized as plain text. UsageError where the model
     has no FIM tokens."""
+    pre, suf, mid = _fim_tokens(backend)
+    return _start(backend) + [pre] + backend.tokenize(prefix) + [suf] + backend.tokenize(suffix) + [mid]
+
+
+def _fim_tokens(backend) -> tuple[int, int, int]:
+    """The model's (prefix, suffix, middle) FIM tokens; UsageError where it has none."""
     fim = backend.fim_tokens()
     if fim is None:
         raise UsageError(f"{backend.path.name} has no fill-in-the-middle tokens")
-    pre, suf, mid = fim
-    tokens = backend.tokenize("", add_special=True, parse_special=False) if backend.add_bos else []
-    return tokens + [pre] + backend.tokenize(prefix) + [suf] + backend.tokenize(suffix) + [mid]
+    return fim
+
+
+def _start(backend) -> list[int]:
+    """What every prompt begins with: the BOS token, where the model wants one."""
+    return backend.tokenize("", add_special=True, parse_special=False) if getattr(backend, "add_bos", False) else []
 
 
 # llama.cpp's server reads an /infill request into a batch of this many tokens (its default `-b`):
@@ -58,10 +67,7 @@ def encode_repo_infill(backend, prefix: str, suffix: str, prompt: str = "", extr
     line typed so far), FIM suffix, the code after it, FIM middle. Cut to fit as llama.cpp's server
     cuts it (`INFILL_BATCH`, `INFILL_ANSWER`; a BOS, where the model wants one, comes first:
     llama.cpp's server puts it after the files). UsageError where the model has no FIM tokens."""
-    fim = backend.fim_tokens()
-    if fim is None:
-        raise UsageError(f"{backend.path.name} has no fill-in-the-middle tokens")
-    pre, suf, mid = fim
+    pre, suf, mid = _fim_tokens(backend)
     repo, sep = backend.fim_repo_tokens()
     context: list[int] = []
     if repo is not None:
@@ -76,8 +82,7 @@ def encode_repo_infill(backend, prefix: str, suffix: str, prompt: str = "", extr
     after = backend.tokenize(suffix)[: max(0, INFILL_BATCH // 4 - (2 + len(typed)))]
     room = max(0, backend.n_ctx - INFILL_BATCH - 2 * INFILL_ANSWER)
     context = context[len(context) - min(room, len(context)) :]  # the latest files first
-    start = backend.tokenize("", add_special=True, parse_special=False) if backend.add_bos else []
-    return start + context + [pre] + before + typed + [suf] + after + [mid]
+    return _start(backend) + context + [pre] + before + typed + [suf] + after + [mid]
 
 
 def encode_messages(backend, messages: list[dict], add_assistant: bool = True, tools: list[dict] | None = None, prefill: str = "",
@@ -100,9 +105,7 @@ def encode_messages(backend, messages: list[dict], add_assistant: bool = True, t
     # an empty content stays empty: templates test it ("if message.content")
     placeholders = [{**m, **{f: hold(m[f]) for f in TEXT_FIELDS if isinstance(m.get(f), str) and m[f]}} for m in messages]
     rendered = backend.apply_chat_template(placeholders, add_assistant, tools, variables) + prefill
-    tokens: list[int] = []
-    if getattr(backend, "add_bos", False):
-        tokens += backend.tokenize("", add_special=True, parse_special=False)
+    tokens = _start(backend)
     pattern = re.compile(re.escape(marker) + r"(\d+)\ue001")
     position = 0
     for match in pattern.finditer(rendered):

@@ -220,7 +220,7 @@ class Worker:
         try:
             for event in self.decoder.generate(job.prompt, job.max_tokens, job.params, rng, stop=should_stop):
                 if isinstance(event, TokenCommitted) and (text.stopped or indent.stopped):
-                    continue  # committed in the step that met a stop string, after it: neither sent nor counted
+                    continue  # committed in the step that met a stop string or a short line, after it: neither sent nor counted
                 stats.update(event)
                 if isinstance(event, TokenCommitted):
                     piece = indent.push(text.push(event.text))
