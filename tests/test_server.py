@@ -281,9 +281,9 @@ def _sample_under_reuse(url: str, target) -> None:
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 1.5, "top_k": 3, "top_p": 1.0, "min_p": 0.0}
     other = {"model": "tiny", "prompt": "x = [1, 2, 3]", "max_tokens": 2, "temperature": 1.5}
     texts, drafted = [], 0
-    for _ in range(SAMPLES):
-        assert raw(url, "POST", "/v1/completions", other)[0] == 200
-        status, answer = raw(url, "POST", "/v1/completions", body)
+    for i in range(SAMPLES):  # a seed of its own for each request: the test draws the same samples every run
+        assert raw(url, "POST", "/v1/completions", {**other, "seed": i})[0] == 200
+        status, answer = raw(url, "POST", "/v1/completions", {**body, "seed": SAMPLES + i})
         assert status == 200, answer
         texts.append(answer["choices"][0]["text"])
         drafted += answer["usage"]["speculation"]["drafted"]
