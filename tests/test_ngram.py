@@ -1,3 +1,4 @@
+from specllm.engine.drafters import NgramDrafter
 from specllm.engine.ngram import NgramCache, ends_sentence
 
 
@@ -99,3 +100,23 @@ def test_an_older_occurrence_that_the_text_is_copying_is_the_source():
     short = NgramCache(2, 4)  # agreeing with the copied place for fewer tokens: the latest place
     short.extend(source + elsewhere + copied[-5:] + line)
     assert short.propose(2).tokens == [70, 71]
+
+
+def test_a_remembered_answers_span_counts_only_this_generations_agreement():
+    """A server's memory of an earlier request whose prompt ended as this one does (the code around a
+    gap) but began otherwise (other files beside it): that agreement says nothing of whether the
+    answers agree, so a remembered proposal's span counts this generation's tokens that agree with it
+    (at least the matched n-gram), not the prompt's."""
+    drafter = NgramDrafter(2, 4)
+    gap = list(range(100, 140))  # the code around the gap
+    answer = list(range(7, 27))
+    drafter.start([1, 2, 3] + gap)
+    drafter.commit([1, 2, 3] + gap + answer)
+    prompt = [4, 5, 6] + gap
+    drafter.start(prompt)
+    first = drafter.proposal(8)
+    assert first.source == -1 and first.tokens == answer[:8]
+    assert first.span == first.match_length == 4  # the prompts agree for 40 tokens
+    drafter.commit(prompt + answer[:10])  # the new answer follows the remembered one for ten tokens
+    later = drafter.proposal(8)
+    assert later.source == -1 and later.tokens == answer[10:18] and later.span == 10

@@ -227,6 +227,20 @@ def test_bets_that_keep_failing_shrink_what_a_bet_may_risk():
     assert policy._bet_cap(2) >= fresh
 
 
+def test_what_a_bet_may_risk_rests_on_this_generations_copies():
+    """A server's next request (a chat's next turn) starts with one pass of risk again: an earlier
+    answer's copies say nothing of this one's matches. What was learned of acceptance carries over."""
+    policy = CostAwarePolicy(CPU_2.copy(), draft_max=15)
+    policy.begin(10)
+    for _ in range(3):
+        policy.observe("ngram", 8, 8, CPU_2.verify(9), policy.ngram_keys(_proposal(2), 8))
+    assert policy._bet_cap(2) >= 8
+    learned = policy.ngram_keys(_proposal(2), 1)[0].mean
+    policy.begin(200)
+    assert policy._bet_cap(2) == 1
+    assert policy.ngram_keys(_proposal(2), 1)[0].mean == learned
+
+
 def test_an_ngram_followed_by_different_tokens_is_trusted_less():
     """A match whose n-gram was followed by different tokens before is drafted less than a unique one."""
     policy = CostAwarePolicy(CPU.copy(), draft_max=15)

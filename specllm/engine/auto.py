@@ -134,7 +134,9 @@ class AutoDrafter:
 
     def start(self, prompt) -> None:
         self._declined = None
-        self.commit(prompt)
+        self.ngram.start(prompt)
+        if self.model is not None:
+            self.model.commit(prompt)
         self.policy.begin(len(prompt))
 
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float, target_rows: np.ndarray) -> None:

@@ -56,6 +56,7 @@ class NgramDrafter:
     def __init__(self, n_min: int, n_max: int, ends_generation: Callable[[int], bool] = lambda token: False):
         self.cache = NgramCache(n_min, n_max)
         self.memory = NgramCache(n_min, n_max)
+        self.output_start = 0  # where the generation being drafted for begins in the history
         self.ends_generation = ends_generation  # the target's end-of-generation tokens (a chat's turn ends)
 
     def propose(self, history, max_tokens, params, rng) -> Draft | None:
@@ -69,8 +70,18 @@ class NgramDrafter:
         """The history's own match, else the memory's (its `source` is -1: not this history's text)."""
         proposal = self.cache.propose(max_tokens)
         if (proposal is None or not proposal.tokens) and len(self.memory):
-            proposal = self.memory.propose_after(self.cache.tokens, max_tokens)
+            proposal = self._remembered(max_tokens)
         return self._up_to_end(proposal)
+
+    def _remembered(self, max_tokens: int) -> NgramProposal | None:
+        """The memory's match, its agreeing span counted within this generation's own tokens (at least
+        the matched n-gram): an earlier prompt that ends as this one does says nothing of whether the
+        answers agree (the same code around a gap with other files beside it, or a line typed since)."""
+        proposal = self.memory.propose_after(self.cache.tokens, max_tokens)
+        if proposal is None:
+            return None
+        own = len(self.cache.tokens) - self.output_start
+        return replace(proposal, span=min(proposal.span, max(own, proposal.match_length)))
 
     def proposal_after(self, text: list[int], max_tokens: int) -> NgramProposal | None:
         """The history's continuation of `text`'s end (the history and tokens drafted after it), or None."""
@@ -98,6 +109,7 @@ class NgramDrafter:
 
     def start(self, prompt: list[int]) -> None:
         self.commit(prompt)
+        self.output_start = len(prompt)
 
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float, target_rows: np.ndarray) -> None:
         pass  # fixed drafters do not learn

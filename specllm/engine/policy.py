@@ -76,7 +76,7 @@ class CostAwarePolicy:
         self.context: int | None = None  # tokens in the target's KV cache at this step (None: calibration depth)
         self.output_start: int | None = None  # where this generation's own output begins (None: not known)
         self.ngram_estimates = NgramEstimates(sentence_end)  # kept for the decoder's life (a chat's turns)
-        self.ngram_gain = 0.0  # seconds n-gram drafts have saved against plain decoding: how long a draft may be
+        self.ngram_gain = 0.0  # seconds n-gram drafts have saved in this generation against plain decoding: how long a draft may be
         # draft-model learning
         self.has_draft_model = has_draft_model
         self.draft_acceptance = Beta.prior(priors.DRAFT_PRIOR)
@@ -98,6 +98,10 @@ class CostAwarePolicy:
         self.output_start = prompt_length
         self.model_state = COLD if self.has_draft_model else RETIRED
         self.committed = self.ngram_committed = 0
+        # What a bet may risk rests on this generation's copies: an earlier answer's savings say nothing
+        # of this one's matches (a server's next request, a chat's next turn); what was learned of
+        # acceptance carries over.
+        self.ngram_gain = 0.0
         self.budget = None
         self.model_net = self.entry_seconds = 0.0
         self.sureness_total, self.sureness_seen, self.sure_target = 0.0, 0, False
