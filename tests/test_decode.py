@@ -392,3 +392,35 @@ def test_a_stop_while_the_prompt_is_read_is_heard_between_batches():
     again = list(decoder.generate(prompt, 10, GREEDY, None))
     assert again[0].reused_tokens == 16 and target.evaluations[2:5] == [8, 8, 7]
     assert again[-1].tokens == generate_plain(FakeBackend(seed=0), prompt, 10, GREEDY, None)
+
+
+def test_nothing_past_where_the_shown_text_ends_is_verified():
+    """`text_end` says at which drafted token the caller's text ends (a stop string, an editor's
+    indentation cut): the draft is cut after it, so the batch holds nothing that would be thrown away;
+    the committed tokens are plain decoding's."""
+    reference = generate_plain(FakeBackend(seed=0), PROMPT, 40, GREEDY, None)
+    seen = []
+
+    def end_at_third(pieces):
+        seen.append(len(pieces))
+        return 2
+
+    decoder = Decoder(FakeBackend(seed=0), NgramDrafter(1, 3), fixed_budget(16))
+    events = list(decoder.generate(PROMPT, 40, GREEDY, np.random.default_rng(0), text_end=end_at_third))
+    drafted = [e.drafted for e in events if isinstance(e, StepDone) and e.drafted]
+    assert events[-1].tokens == reference
+    assert max(seen) > 3 and drafted and max(drafted) == 3  # longer drafts were offered, three verified
+
+
+def test_the_text_of_a_draft_is_read_without_moving_the_stream():
+    from specllm.engine.decode import _TextStream
+
+    class Bytes:
+        def token_bytes(self, token):
+            return {0: b"a", 1: "é".encode()[:1], 2: "é".encode()[1:], 3: b"b"}[token]
+
+    stream = _TextStream(Bytes())
+    assert stream.push(1) == ""  # half a character, held
+    assert stream.peek([2, 3, 0]) == ["é", "b", "a"]
+    assert stream.peek([0]) == ["\ufffda"]  # the held byte cannot begin a character with "a"
+    assert stream.push(2) == "é" and stream.text == "é"

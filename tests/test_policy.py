@@ -241,6 +241,22 @@ def test_what_a_bet_may_risk_rests_on_this_generations_copies():
     assert policy.ngram_keys(_proposal(2), 1)[0].mean == learned
 
 
+def test_a_draft_cut_where_the_text_ends_teaches_no_rejection():
+    """A server cuts a draft at the token where a stop string or an editor's short line ends the text:
+    the draft model's tokens beyond the cut were never verified, so they count as neither right nor wrong."""
+    import types
+
+    from specllm.engine.drafters import Draft
+
+    model = types.SimpleNamespace(steps=0, catch_up_seconds=0.0)
+    drafter = AutoDrafter(NgramDrafter(2, 4), model, CostAwarePolicy(GPU.copy(), has_draft_model=True))
+    drafter._model_drafted, drafter._model_from = 5, 0  # the model drafted 5; the text ends at its second
+    before = (drafter.policy.draft_acceptance.accepted, drafter.policy.draft_acceptance.rejected)
+    drafter.feedback(Draft([4, 5], None, "draft"), 2, 0.001, 0.01, np.zeros((3, 8), dtype=np.float32))
+    after = drafter.policy.draft_acceptance
+    assert (after.accepted - before[0], after.rejected - before[1]) == (2, 0)
+
+
 def test_an_ngram_followed_by_different_tokens_is_trusted_less():
     """A match whose n-gram was followed by different tokens before is drafted less than a unique one."""
     policy = CostAwarePolicy(CPU.copy(), draft_max=15)

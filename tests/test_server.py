@@ -513,6 +513,23 @@ def test_tokens_past_a_stop_string_are_not_counted(tiny_server):
     assert cut.usage.completion_tokens == 1
 
 
+def test_a_draft_is_not_verified_past_the_stop_string_that_ends_the_text(tiny_server):
+    """The n-gram cache drafts a remembered answer whole; asked again with a stop string in its
+    middle, the draft stops at the token that completes it: what would be thrown away is not verified.
+    The text is the same answer cut at the stop string."""
+    url, _ = tiny_server
+    api = client(url)
+    prompt = "A stop string in the middle of a remembered answer."
+    for _ in range(2):
+        full = api.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0)
+    text = full.choices[0].text
+    assert full.usage.model_extra["speculation"]["drafted"] >= 20  # the whole answer, from memory
+    stop = next(text[i : i + 2] for i in range(6, len(text) - 8) if text.find(text[i : i + 2]) == i)  # first met there
+    cut = api.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].text == text[: text.find(stop)]
+    assert cut.usage.model_extra["speculation"]["drafted"] <= cut.usage.completion_tokens + 1
+
+
 # -- the command: signals and the exit code ------------------------------------------------------
 
 

@@ -18,14 +18,15 @@ import pytest
 
 from specllm.backend import LoadOptions
 from specllm.chat import INFILL_ANSWER, INFILL_BATCH, encode_repo_infill
-from specllm.engine.drafters import common_prefix
+from specllm.engine.decode import Decoder, fixed_budget, generate_plain
+from specllm.engine.drafters import NgramDrafter, common_prefix
 from specllm.engine.sampling import SamplingParams
 from specllm.errors import UsageError
 from specllm.server import worker as worker_module
 from specllm.server.app import Service
 from specllm.server.worker import IndentCut
 from specllm.session import Engine, ModelPaths, SpecConfig
-from tests.fakes import Scripted
+from tests.fakes import FakeBackend, Scripted
 from tests.test_server import TINY, WAIT, raw, running
 from tests.tiny_gguf import write_tiny_gguf
 
@@ -38,6 +39,7 @@ EXTRA = [{"filename": "stack.py", "text": "class Stack:\n    def push(self, item
 FILES = [(chunk["filename"], chunk["text"]) for chunk in EXTRA]
 # Other files go where the context has room beside llama.cpp's batch of 2048 and the answer.
 ROOMY = LoadOptions(n_ctx=4096, n_threads=1, n_gpu_layers=0)
+GREEDY_PARAMS = SamplingParams(temperature=0.0)
 
 
 # -- the prompt ----------------------------------------------------------------------------------
@@ -123,6 +125,34 @@ def test_n_indent_ends_the_text_before_the_first_line_indented_less(n_indent, te
             out = "".join(indent.push(piece) for piece in pieces) + indent.flush()
             assert out == kept, (cut, pieces)
             assert indent.stopped == (kept != text)
+
+
+class _Lines(FakeBackend):
+    """The fake target with a new line, a space and letters for its tokens: its greedy text runs in
+    lines of code-like indentation, and repeats (the n-gram cache drafts it long)."""
+
+    def token_bytes(self, token: int) -> bytes:
+        return b"\n" if token == 0 else b" " if token == 1 else chr(ord("a") + token).encode()
+
+
+def test_a_draft_is_not_verified_past_the_line_that_ends_an_editors_completion():
+    """The same completion asked again with `n_indent` (the n-gram cache drafts the remembered answer
+    16 tokens at a time): the draft is cut at the token that shows the line ending the block, as a
+    stop string's is, so the batch holds nothing the editor would not get; the text is plain
+    decoding's, cut there."""
+    prompt = [2, 3, 4, 0, 1, 1, 5, 6, 0, 1, 1, 7, 0, 3]
+    plain = "".join(_Lines(seed=10).token_bytes(t).decode() for t in generate_plain(_Lines(seed=10), prompt, 60, GREEDY_PARAMS, None))
+    indent = IndentCut(1)
+    kept = indent.push(plain) + indent.flush()
+    assert indent.stopped and len(kept) == 7  # "deehhf\n", then a line that is not indented
+    decoder = Decoder(_Lines(seed=10), NgramDrafter(2, 4), fixed_budget(16))
+    serving, posted = worker_module.Worker(lambda: decoder), []
+    for n_indent in (0, 1):  # the worker's own loop, in this thread
+        serving._serve(worker_module.Job(prompt, 60, GREEDY_PARAMS, lambda kind, payload: posted.append((kind, payload)), n_indent=n_indent))
+    kind, result = posted[-1]
+    assert kind == "done" and result.text == kept and result.cut
+    assert result.stats.drafted == len(kept) + 1  # to the token that shows the short line, not 16
+    assert len(decoder.history) - len(prompt) == len(kept) + 2  # and the target's token after it
 
 
 # -- over HTTP -----------------------------------------------------------------------------------

@@ -149,6 +149,7 @@ class AutoDrafter:
         if draft.source == "draft" and self.model.steps:  # the proposal's time beyond its catch-up, per one-token pass
             costs.observe_draft((model_seconds - self.model.catch_up_seconds) / self.model.steps)
         source = draft.source if draft.tokens else None
+        model_drafted = min(self._model_drafted, max(len(draft.tokens) - self._model_from, 0))  # a draft cut where the text ends
         self.policy.observe(
-            source, len(draft.tokens), accepted, draft_seconds - loading + verify_seconds, self._keys, self._model_drafted, self._model_from, model_seconds
+            source, len(draft.tokens), accepted, draft_seconds - loading + verify_seconds, self._keys, model_drafted, self._model_from, model_seconds
         )

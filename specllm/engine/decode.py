@@ -10,7 +10,7 @@ The target's KV cache always holds every committed token but the last; each step
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -90,7 +90,12 @@ class Decoder:
         params: SamplingParams,
         rng: np.random.Generator,
         stop: Callable[[], bool] | None = None,
+        text_end: Callable[[list[str]], int | None] | None = None,
     ) -> Iterator[Event]:
+        """Generate after `prompt`. `stop` is asked before each step whether to end; `text_end`, given
+        the text of a draft's tokens, says at which of them the caller's text ends (a stop string, a
+        line an editor's completion ends before), or None: nothing past that token is verified, since
+        nothing past it would be shown."""
         if not prompt:
             raise SpecllmError("the prompt is empty")
         if len(prompt) >= self.target.n_ctx:
@@ -117,6 +122,8 @@ class Decoder:
             limit = min(room, max_tokens - len(generated) - 1)
             step_started = time.perf_counter()
             draft, draft_seconds = self._propose(limit, params, rng)
+            if text_end is not None and draft.tokens:
+                draft = _up_to_text_end(draft, text_end(text.peek(draft.tokens)))
             started = time.perf_counter()
             verdict, rows = self._verify(draft, params, randoms)
             verify_seconds = time.perf_counter() - started
@@ -209,6 +216,22 @@ class _TextStream:
         piece = self._decoder.decode(b"", final=True)
         self.text += piece
         return piece
+
+    def peek(self, tokens: list[int]) -> list[str]:
+        """The pieces `push` would give for these tokens, the stream left as it was."""
+        state = self._decoder.getstate()
+        try:
+            return [self._decoder.decode(self.backend.token_bytes(token)) for token in tokens]
+        finally:
+            self._decoder.setstate(state)
+
+
+def _up_to_text_end(draft: Draft, end: int | None) -> Draft:
+    """The draft up to and with the token at which the shown text ends (`end`), or all of it."""
+    if end is None or end + 1 >= len(draft.tokens):
+        return draft
+    n = end + 1
+    return replace(draft, tokens=draft.tokens[:n], q_draft=None if draft.q_draft is None else draft.q_draft[:n])
 
 
 # -- the reference -------------------------------------------------------------------------

@@ -8,6 +8,7 @@ or ("error", ApiError). A job's `cancel` (client gone) stops its generation at t
 
 from __future__ import annotations
 
+import copy
 import logging
 import queue
 import threading
@@ -217,8 +218,19 @@ class Worker:
         def should_stop() -> bool:
             return job.cancelled.is_set() or text.stopped or indent.stopped or self.aborting.is_set() or out_of_time()
 
+        def text_end(pieces: list[str]) -> int | None:
+            """Where in a draft's pieces a stop string or a short line would end the text (copies of
+            the two filters, their state as the committed text left it)."""
+            stops, cut = copy.copy(text), copy.copy(indent)
+            for i, piece in enumerate(pieces):
+                cut.push(stops.push(piece))
+                if stops.stopped or cut.stopped:
+                    return i
+            return None
+
+        ends = text_end if text.stops or indent.n_indent > 0 else None
         try:
-            for event in self.decoder.generate(job.prompt, job.max_tokens, job.params, rng, stop=should_stop):
+            for event in self.decoder.generate(job.prompt, job.max_tokens, job.params, rng, stop=should_stop, text_end=ends):
                 if isinstance(event, TokenCommitted) and (text.stopped or indent.stopped):
                     continue  # committed in the step that met a stop string or a short line, after it: neither sent nor counted
                 stats.update(event)
