@@ -2,8 +2,8 @@
 
 `specllm serve` keeps one decoder for its life, so what one request teaches carries to the next:
 the n-gram cache remembers earlier prompts and answers (a completion asked for again, an answer
-regenerated), and the policy keeps its estimates and what its bets have saved. `replay_policy.py`
-replays prompts one at a time and cannot see either. This records a session's greedy answers as
+regenerated), and the policy keeps what it learned of acceptance. `replay_policy.py` replays
+prompts one at a time and cannot see either. This records a session's greedy answers as
 `specllm serve --spec off` gives them, then replays `auto` on a virtual clock, each request
 against plain decoding, once as the session runs (one drafter throughout) and once with a fresh
 drafter for every request (what the same request would cost served alone).
@@ -13,9 +13,11 @@ drafter for every request (what the same request would cost served alone).
 
 A requests file has one request a line, the body an endpoint takes plus `"endpoint"`: `infill`
 (llama.cpp's `/infill`), `chat` (`/v1/chat/completions`) or `completions`, and an optional
-`"category"`. The n-gram cache only: what the draft model adds is `replay_policy.py`'s. A chat
-request with `"continue": true` carries only the new messages: the recorder sends the conversation
-so far, the last answer included, as an agent does. Temperature 0 only.
+`"category"`. A chat request with `"continue": true` carries only the new messages: the recorder
+sends the conversation so far, the last answer included, as an agent does. Answers end as the
+server ends them (the end token, `max_tokens`, `stop`, `n_indent`), not by `t_max_predict_ms`
+(it depends on the machine). Temperature 0 only; the n-gram cache only (what the draft model adds
+is `replay_policy.py`'s).
 """
 
 from __future__ import annotations

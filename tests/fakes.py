@@ -192,7 +192,7 @@ class Scripted:
         self.script: list[str] = list(script or [])
         self.prompts: list[list[int]] = []
 
-    def generate(self, prompt, max_tokens, params, rng, stop=None, text_end=None):
+    def generate(self, prompt, max_tokens, params, rng, stop=None, find_text_end=None):
         self.prompts.append(list(prompt))
         yield PrefillDone(len(prompt), 0, 0.0)
         for i, piece in enumerate(self.script):

@@ -57,10 +57,13 @@ def _run(decoder, prompt, n, params, seed=0):
 
 @pytest.mark.parametrize("kind", ["off", "ngram", "draft", "ngram+draft", "auto"])
 @pytest.mark.parametrize("draft_max", [1, 3, 8])
-def test_greedy_speculation_equals_plain(kind, draft_max, virtual_clock):
+@pytest.mark.parametrize("cut", [None, 2], ids=["whole drafts", "drafts cut where a text would end"])
+def test_greedy_speculation_equals_plain(kind, draft_max, cut, virtual_clock):
     target = _target(8, clock=virtual_clock)
     reference = generate_plain(FakeBackend(seed=0), PROMPT, 40, GREEDY, np.random.default_rng(0))
-    done, events = _run(Decoder(target, _drafters(kind, clock=virtual_clock), fixed_budget(draft_max)), PROMPT, 40, GREEDY)
+    decoder = Decoder(target, _drafters(kind, clock=virtual_clock), fixed_budget(draft_max))
+    events = list(decoder.generate(PROMPT, 40, GREEDY, np.random.default_rng(0), find_text_end=None if cut is None else lambda pieces: cut))
+    done = events[-1]
     assert done.tokens == reference
     assert [e.token for e in events if isinstance(e, TokenCommitted)] == reference
 
@@ -394,22 +397,47 @@ def test_a_stop_while_the_prompt_is_read_is_heard_between_batches():
     assert again[-1].tokens == generate_plain(FakeBackend(seed=0), prompt, 10, GREEDY, None)
 
 
-def test_nothing_past_where_the_shown_text_ends_is_verified():
-    """`text_end` says at which drafted token the caller's text ends (a stop string, an editor's
-    indentation cut): the draft is cut after it, so the batch holds nothing that would be thrown away;
-    the committed tokens are plain decoding's."""
+def test_nothing_from_where_the_shown_text_ends_is_verified():
+    """`find_text_end` says at which drafted token the caller's text ends (a stop string completed, an
+    editor's short line begun): the draft is cut after it, so the batch holds nothing that would be
+    thrown away; the text is plain decoding's."""
     reference = generate_plain(FakeBackend(seed=0), PROMPT, 40, GREEDY, None)
-    seen = []
+    offered = []
 
-    def end_at_third(pieces):
-        seen.append(len(pieces))
+    def ends_at_third(pieces):
+        offered.append(len(pieces))
         return 2
 
     decoder = Decoder(FakeBackend(seed=0), NgramDrafter(1, 3), fixed_budget(16))
-    events = list(decoder.generate(PROMPT, 40, GREEDY, np.random.default_rng(0), text_end=end_at_third))
+    events = list(decoder.generate(PROMPT, 40, GREEDY, np.random.default_rng(0), find_text_end=ends_at_third))
     drafted = [e.drafted for e in events if isinstance(e, StepDone) and e.drafted]
     assert events[-1].tokens == reference
-    assert max(seen) > 3 and drafted and max(drafted) == 3  # longer drafts were offered, three verified
+    assert max(offered) > 3 and drafted and max(drafted) == 3  # longer drafts were offered, three verified
+
+
+@pytest.mark.parametrize("kind", ["draft", "auto"])
+def test_sampled_generations_cut_where_the_text_ends_follow_the_target_distribution(kind, virtual_clock):
+    """A cut that depends on the drafted tokens themselves (after the first "d", as a stop string
+    would) is a stopping rule on the draft: every verified token is still an exact sample of its row,
+    so whole generations keep the target's distribution. (Cut before the "d" instead, leaving that
+    position to the target's own draw, and the p-value falls under 1e-100.)"""
+    v, length = 5, 3
+    prompt = [1, 2, 1, 2, 1]
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    expected = _exact_distribution(0, prompt, length, params, v)
+    decoder = Decoder(_target(v, clock=virtual_clock), _drafters(kind, v, clock=virtual_clock), fixed_budget(3))
+    rng, samples, cut = np.random.default_rng(4), [], Counter()
+
+    def at_d(pieces):
+        end = next((i for i, piece in enumerate(pieces) if piece == "d"), None)
+        cut[end is not None] += 1
+        return end
+
+    for _ in range(SAMPLES):
+        events = list(decoder.generate(prompt, length, params, rng, find_text_end=at_d))
+        samples.append(tuple(events[-1].tokens))
+    assert cut[True] >= 500 and cut[False] >= 500, cut
+    assert chi_square_pvalue(samples, expected) > 1e-4
 
 
 def test_the_text_of_a_draft_is_read_without_moving_the_stream():
@@ -422,5 +450,5 @@ def test_the_text_of_a_draft_is_read_without_moving_the_stream():
     stream = _TextStream(Bytes())
     assert stream.push(1) == ""  # half a character, held
     assert stream.peek([2, 3, 0]) == ["é", "b", "a"]
-    assert stream.peek([0]) == ["\ufffda"]  # the held byte cannot begin a character with "a"
+    assert stream.peek([0]) == ["\ufffda"]  # "a" cannot continue the held lead byte
     assert stream.push(2) == "é" and stream.text == "é"

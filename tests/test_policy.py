@@ -1,6 +1,7 @@
 """The cost-aware policy on synthetic cost curves and acceptance sequences."""
 
 import numpy as np
+import pytest
 
 from specllm.backend import DeferredBackend, LoadOptions
 
@@ -243,18 +244,24 @@ def test_what_a_bet_may_risk_rests_on_this_generations_copies():
 
 def test_a_draft_cut_where_the_text_ends_teaches_no_rejection():
     """A server cuts a draft at the token where a stop string or an editor's short line ends the text:
-    the draft model's tokens beyond the cut were never verified, so they count as neither right nor wrong."""
+    the draft model's tokens beyond the cut were never verified, so they count as neither right nor
+    wrong; and a step that asked for no draft learns nothing of the one before it."""
     import types
 
     from specllm.engine.drafters import Draft
 
     model = types.SimpleNamespace(steps=0, catch_up_seconds=0.0)
     drafter = AutoDrafter(NgramDrafter(2, 4), model, CostAwarePolicy(GPU.copy(), has_draft_model=True))
-    drafter._model_drafted, drafter._model_from = 5, 0  # the model drafted 5; the text ends at its second
+    drafter._asked, drafter._model_drafted, drafter._model_from = True, 5, 1  # a copied token, then 5 of the model's
     before = (drafter.policy.draft_acceptance.accepted, drafter.policy.draft_acceptance.rejected)
-    drafter.feedback(Draft([4, 5], None, "draft"), 2, 0.001, 0.01, np.zeros((3, 8), dtype=np.float32))
+    drafter.feedback(Draft([4, 5], None, "ngram"), 2, 0.001, 0.01, np.zeros((3, 8), dtype=np.float32))  # the text ends at the model's first
     after = drafter.policy.draft_acceptance
-    assert (after.accepted - before[0], after.rejected - before[1]) == (2, 0)
+    assert (after.accepted - before[0], after.rejected - before[1]) == pytest.approx((1, 0))
+    # The last step of a length-limited run has no room to draft, and the decoder asks for nothing:
+    # the proposal before it (the model's 5 tokens, its load) must not be counted again.
+    drafter._loading, net = 0.5, drafter.policy.model_net
+    drafter.feedback(Draft([], None, "target"), 0, 0.0, 0.01, np.zeros((1, 8), dtype=np.float32))
+    assert (after.accepted - before[0], after.rejected - before[1]) == pytest.approx((1, 0)) and drafter.policy.model_net == net
 
 
 def test_an_ngram_followed_by_different_tokens_is_trusted_less():

@@ -515,8 +515,8 @@ def test_tokens_past_a_stop_string_are_not_counted(tiny_server):
 
 def test_a_draft_is_not_verified_past_the_stop_string_that_ends_the_text(tiny_server):
     """The n-gram cache drafts a remembered answer whole; asked again with a stop string in its
-    middle, the draft stops at the token that completes it: what would be thrown away is not verified.
-    The text is the same answer cut at the stop string."""
+    middle, the draft stops at the token that completes it: what would be thrown away is not
+    verified. The text is the same answer cut at the stop string."""
     url, _ = tiny_server
     api = client(url)
     prompt = "A stop string in the middle of a remembered answer."

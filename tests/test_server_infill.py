@@ -135,10 +135,19 @@ class _Lines(FakeBackend):
         return b"\n" if token == 0 else b" " if token == 1 else chr(ord("a") + token).encode()
 
 
+def test_the_filters_find_where_a_draft_would_end_the_text_and_stay_as_they_were():
+    text, indent = worker_module.StopText(["END"]), IndentCut(4)
+    assert indent.push(text.push("x = 1\n    y")) == "x = 1\n    y"
+    assert worker_module.find_filtered_end(text, indent, [" = 2", "E", "ND", "z"]) == 2  # "END" completed
+    assert worker_module.find_filtered_end(text, indent, ["\n", "  ", "z"]) == 2  # a line indented 2 begun
+    assert worker_module.find_filtered_end(text, indent, ["\n\n", "    z", "EN"]) is None
+    assert (text.held, text.stopped, indent.held, indent.stopped) == ("", False, "", False)
+
+
 def test_a_draft_is_not_verified_past_the_line_that_ends_an_editors_completion():
     """The same completion asked again with `n_indent` (the n-gram cache drafts the remembered answer
-    16 tokens at a time): the draft is cut at the token that shows the line ending the block, as a
-    stop string's is, so the batch holds nothing the editor would not get; the text is plain
+    16 tokens at a time): the draft is cut at the token that begins the line ending the block, as
+    a stop string's is, so the batch holds nothing the editor would not get; the text is plain
     decoding's, cut there."""
     prompt = [2, 3, 4, 0, 1, 1, 5, 6, 0, 1, 1, 7, 0, 3]
     plain = "".join(_Lines(seed=10).token_bytes(t).decode() for t in generate_plain(_Lines(seed=10), prompt, 60, GREEDY_PARAMS, None))
@@ -151,7 +160,7 @@ def test_a_draft_is_not_verified_past_the_line_that_ends_an_editors_completion()
         serving._serve(worker_module.Job(prompt, 60, GREEDY_PARAMS, lambda kind, payload: posted.append((kind, payload)), n_indent=n_indent))
     kind, result = posted[-1]
     assert kind == "done" and result.text == kept and result.cut
-    assert result.stats.drafted == len(kept) + 1  # to the token that shows the short line, not 16
+    assert result.stats.drafted == len(kept) + 1  # to the token that begins the short line, not 16
     assert len(decoder.history) - len(prompt) == len(kept) + 2  # and the target's token after it
 
 

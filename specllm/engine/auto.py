@@ -26,8 +26,10 @@ class AutoDrafter:
         self._model_from = 0  # where they begin in it: after the n-gram tokens it continued, else 0
         self._declined = None  # an n-gram proposal not drafted: (history length then, its tokens, their estimates)
         self._loading = 0.0  # seconds this step spent loading the draft model (deferred until its first use)
+        self._asked = False  # whether this step asked for a proposal (the decoder asks none where there is no room)
 
     def propose(self, history, max_tokens, params, rng) -> Draft | None:
+        self._asked = True
         self.ngram.commit(history)
         self._learn_from_declined(history)
         self.policy.at_step(len(history) - 1, max_tokens + 1)  # the target's cache holds all but the last token
@@ -140,6 +142,8 @@ class AutoDrafter:
         self.policy.begin(len(prompt))
 
     def feedback(self, draft: Draft, accepted: int, draft_seconds: float, verify_seconds: float, target_rows: np.ndarray) -> None:
+        if not self._asked:  # the decoder had no room to draft and asked nothing: the last proposal's state is not this step's
+            self._keys, self._model_drafted, self._model_from, self._loading = [], 0, 0, 0.0
         if self.policy.wants_target_sureness:  # 0.3-0.9 ms a row on a CPU, for the first few tokens only
             self.policy.observe_target_sureness([max_softmax(row) for row in target_rows])
         costs = self.policy.costs
@@ -153,3 +157,4 @@ class AutoDrafter:
         self.policy.observe(
             source, len(draft.tokens), accepted, draft_seconds - loading + verify_seconds, self._keys, model_drafted, self._model_from, model_seconds
         )
+        self._asked = False

@@ -90,12 +90,15 @@ class Decoder:
         params: SamplingParams,
         rng: np.random.Generator,
         stop: Callable[[], bool] | None = None,
-        text_end: Callable[[list[str]], int | None] | None = None,
+        find_text_end: Callable[[list[str]], int | None] | None = None,
     ) -> Iterator[Event]:
-        """Generate after `prompt`. `stop` is asked before each step whether to end; `text_end`, given
-        the text of a draft's tokens, says at which of them the caller's text ends (a stop string, a
-        line an editor's completion ends before), or None: nothing past that token is verified, since
-        nothing past it would be shown."""
+        """Generate after `prompt`. `stop` is asked before each step whether to end. `find_text_end`,
+        given the text of each of a draft's tokens, returns the index of the token at which the
+        caller's text ends (a stop string completed, the line an editor's completion ends before), or
+        None; the draft is cut after that token, since nothing past it would be shown. (Not before
+        it: above temperature 0 a draft model's token decides where its draft ends only as the last
+        token drafted, verified like the others; leaving it out for the target's own draw instead
+        would skew the distribution.)"""
         if not prompt:
             raise SpecllmError("the prompt is empty")
         if len(prompt) >= self.target.n_ctx:
@@ -121,9 +124,7 @@ class Decoder:
                 break
             limit = min(room, max_tokens - len(generated) - 1)
             step_started = time.perf_counter()
-            draft, draft_seconds = self._propose(limit, params, rng)
-            if text_end is not None and draft.tokens:
-                draft = _up_to_text_end(draft, text_end(text.peek(draft.tokens)))
+            draft, draft_seconds = self._propose(limit, params, rng, text, find_text_end)
             started = time.perf_counter()
             verdict, rows = self._verify(draft, params, randoms)
             verify_seconds = time.perf_counter() - started
@@ -175,13 +176,19 @@ class Decoder:
             self.drafter.start(self.history)
         return PrefillDone(len(prompt), reused, time.perf_counter() - started)
 
-    def _propose(self, limit: int, params, rng) -> tuple[Draft, float]:
+    def _propose(self, limit: int, params, rng, text: _TextStream, find_text_end=None) -> tuple[Draft, float]:
+        """The drafter's draft, cut after the token where `find_text_end` says the text ends."""
         started = time.perf_counter()
         draft = None
         if self.drafter is not None and limit > 0:
             size = self.budget(self.history, limit)
             if size > 0:
                 draft = self.drafter.propose(self.history, size, params, rng)
+        if draft is not None and draft.tokens and find_text_end is not None:
+            end = find_text_end(text.peek(draft.tokens))
+            if end is not None:
+                q_draft = None if draft.q_draft is None else draft.q_draft[: end + 1]
+                draft = replace(draft, tokens=draft.tokens[: end + 1], q_draft=q_draft)
         return draft or Draft([], None, "target"), time.perf_counter() - started
 
     def _verify(self, draft: Draft, params, randoms: Randoms | None):
@@ -224,14 +231,6 @@ class _TextStream:
             return [self._decoder.decode(self.backend.token_bytes(token)) for token in tokens]
         finally:
             self._decoder.setstate(state)
-
-
-def _up_to_text_end(draft: Draft, end: int | None) -> Draft:
-    """The draft up to and with the token at which the shown text ends (`end`), or all of it."""
-    if end is None or end + 1 >= len(draft.tokens):
-        return draft
-    n = end + 1
-    return replace(draft, tokens=draft.tokens[:n], q_draft=None if draft.q_draft is None else draft.q_draft[:n])
 
 
 # -- the reference -------------------------------------------------------------------------

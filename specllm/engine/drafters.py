@@ -70,10 +70,10 @@ class NgramDrafter:
         """The history's own match, else the memory's (its `source` is -1: not this history's text)."""
         proposal = self.cache.propose(max_tokens)
         if (proposal is None or not proposal.tokens) and len(self.memory):
-            proposal = self._remembered(max_tokens)
+            proposal = self._propose_from_memory(max_tokens)
         return self._up_to_end(proposal)
 
-    def _remembered(self, max_tokens: int) -> NgramProposal | None:
+    def _propose_from_memory(self, max_tokens: int) -> NgramProposal | None:
         """The memory's match, its agreeing span counted within this generation's own tokens (at least
         the matched n-gram): an earlier prompt that ends as this one does says nothing of whether the
         answers agree (the same code around a gap with other files beside it, or a line typed since)."""

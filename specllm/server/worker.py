@@ -9,6 +9,7 @@ or ("error", ApiError). A job's `cancel` (client gone) stops its generation at t
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import queue
 import threading
@@ -116,6 +117,18 @@ class IndentCut:
         return "" if self.stopped else held
 
 
+def find_filtered_end(stop_text: StopText, indent_cut: IndentCut, pieces: list[str]) -> int | None:
+    """The index of the first piece at which the two filters, as the committed text left them, would
+    end the text (a stop string completed, a line indented too little begun), or None. They are
+    tried on shallow copies: their state is strings and flags (a stop list they never change)."""
+    stops, cut = copy.copy(stop_text), copy.copy(indent_cut)
+    for i, piece in enumerate(pieces):
+        cut.push(stops.push(piece))
+        if stops.stopped or cut.stopped:
+            return i
+    return None
+
+
 class Worker:
     def __init__(self, make_decoder: Callable[[], Decoder], queue_size: int = 8):
         self.make_decoder = make_decoder
@@ -218,19 +231,10 @@ class Worker:
         def should_stop() -> bool:
             return job.cancelled.is_set() or text.stopped or indent.stopped or self.aborting.is_set() or out_of_time()
 
-        def text_end(pieces: list[str]) -> int | None:
-            """Where in a draft's pieces a stop string or a short line would end the text (copies of
-            the two filters, their state as the committed text left it)."""
-            stops, cut = copy.copy(text), copy.copy(indent)
-            for i, piece in enumerate(pieces):
-                cut.push(stops.push(piece))
-                if stops.stopped or cut.stopped:
-                    return i
-            return None
-
-        ends = text_end if text.stops or indent.n_indent > 0 else None
+        filtered = bool(text.stops) or indent.n_indent > 0
+        find_text_end = functools.partial(find_filtered_end, text, indent) if filtered else None
         try:
-            for event in self.decoder.generate(job.prompt, job.max_tokens, job.params, rng, stop=should_stop, text_end=ends):
+            for event in self.decoder.generate(job.prompt, job.max_tokens, job.params, rng, stop=should_stop, find_text_end=find_text_end):
                 if isinstance(event, TokenCommitted) and (text.stopped or indent.stopped):
                     continue  # committed in the step that met a stop string or a short line, after it: neither sent nor counted
                 stats.update(event)
