@@ -53,7 +53,8 @@ def _start(backend) -> list[int]:
 # the files sent beside them fill what the context has left, the same for every request (so a
 # request that only warms the cache, `n_predict` 0, and the completion after it share the files'
 # tokens). specllm cuts alike, keeping INFILL_ANSWER tokens twice over for the answer where
-# llama.cpp keeps its server-wide `-n`'s (none by default, and then a full gap overflows).
+# llama.cpp keeps its server-wide `-n`'s (none by default, and then a full gap overflows); in a
+# context too small for both (`-c 2048` or less) the batch shrinks to what the answer leaves.
 INFILL_BATCH = 2048
 INFILL_ANSWER = 256  # the most llama.vim asks for (llama.vscode: 128): at least 510 tokens are left for it
 INFILL_PROJECT = "myproject"  # the repository's name in the repo-level layout, as llama.cpp's server writes it
@@ -78,9 +79,11 @@ def encode_repo_infill(backend, prefix: str, suffix: str, prompt: str = "", extr
     if sep is not None:
         context += [sep] + backend.tokenize(f"{INFILL_FILE}\n")
     typed = backend.tokenize(prompt)
-    before = backend.tokenize(prefix)[-(3 * (INFILL_BATCH // 4)) :]
-    after = backend.tokenize(suffix)[: max(0, INFILL_BATCH // 4 - (2 + len(typed)))]
-    room = max(0, backend.n_ctx - INFILL_BATCH - 2 * INFILL_ANSWER)
+    batch = max(0, min(INFILL_BATCH, backend.n_ctx - 2 * INFILL_ANSWER))
+    code_before = backend.tokenize(prefix)
+    before = code_before[max(0, len(code_before) - 3 * (batch // 4)) :]
+    after = backend.tokenize(suffix)[: max(0, batch // 4 - (2 + len(typed)))]
+    room = max(0, backend.n_ctx - batch - 2 * INFILL_ANSWER)
     context = context[len(context) - min(room, len(context)) :]  # the latest files first
     return _start(backend) + context + [pre] + before + typed + [suf] + after + [mid]
 

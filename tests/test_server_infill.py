@@ -104,6 +104,17 @@ def test_the_prompt_is_cut_as_llama_cpps_server_cuts_it():
     assert 4 not in encode_repo_infill(Vocab(n_ctx=2048), "x", "y", extra=[("a.py", "A")])
 
 
+@pytest.mark.parametrize("n_ctx", [2048, 1024, 700])
+def test_in_a_small_context_the_gap_shrinks_to_leave_the_answer_its_room(n_ctx):
+    """`-c 2048` or less: a full batch beside the answer's room would not fit, so the batch is what the
+    room leaves, cut in the same quarters (llama.cpp's default batch would overflow every long gap)."""
+    prefix, suffix = "p" * 3000, "s" * 3000
+    prompt = encode_repo_infill(Vocab(n_ctx=n_ctx), prefix, suffix, "t", [("a.py", "A" * 500)])
+    batch = n_ctx - 2 * INFILL_ANSWER
+    assert len(prompt) <= n_ctx - 2 * INFILL_ANSWER + 1 and 4 not in prompt
+    assert prompt.count(100 + ord("p")) == 3 * (batch // 4) and prompt.count(100 + ord("s")) == batch // 4 - 3
+
+
 # -- where editors' limits end the text ----------------------------------------------------------
 
 INDENTED = "a + b\n    c = 1\n\n  \n    d = 2\n  e\nf\n"
