@@ -353,10 +353,9 @@ def _vocab(stream, data) -> int:
 def _run_auto(stream, data, sequence, record, costs, draft_max, clock) -> float:
     """Seconds `--spec auto` spends generating the recorded text (its prefill apart) on the virtual clock."""
     from specllm.engine.auto import AutoDrafter
-    from specllm.engine.decode import Decoder, Done, PrefillDone
+    from specllm.engine.decode import Decoder
     from specllm.engine.drafters import ModelDrafter, NgramDrafter
     from specllm.engine.policy import CostAwarePolicy
-    from specllm.engine.sampling import SamplingParams
 
     n_vocab = _vocab(stream, data)
     eog = _end_token(stream, data["eog"])
@@ -365,8 +364,17 @@ def _run_auto(stream, data, sequence, record, costs, draft_max, clock) -> float:
     sentence_ends = frozenset(data.get("sentence_ends", ()))  # the target's tokens that end a sentence (none in old recordings)
     policy = CostAwarePolicy(costs.copy(), draft_max=draft_max, has_draft_model=model is not None, sentence_end=sentence_ends.__contains__)
     decoder = Decoder(target, AutoDrafter(NgramDrafter(2, 4, target.is_eog), model, policy), lambda history, limit: limit)
-    started = None
-    for event in decoder.generate(stream["prompt"], data["max_tokens"], SamplingParams(temperature=0.0), np.random.default_rng(0)):
+    return time_generation(decoder, stream, data["max_tokens"], clock)
+
+
+def time_generation(decoder, stream: dict, max_tokens: int, clock: Clock) -> float:
+    """Seconds on the virtual clock `decoder` spends generating the recorded text (its prefill
+    apart) at temperature 0; RuntimeError where its text parts from the recording."""
+    from specllm.engine.decode import Done, PrefillDone
+    from specllm.engine.sampling import SamplingParams
+
+    started = clock.now
+    for event in decoder.generate(stream["prompt"], max_tokens, SamplingParams(temperature=0.0), np.random.default_rng(0)):
         if isinstance(event, PrefillDone):
             started = clock.now
         elif isinstance(event, Done) and event.tokens != stream["tokens"]:

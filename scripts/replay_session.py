@@ -28,8 +28,6 @@ import sys
 import threading
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -143,8 +141,7 @@ def _drafter(costs, draft_max: int, sentence_ends: frozenset[int]):
 
 def _generate(stream, sequence, data, drafter, costs, clock) -> float:
     """Seconds `auto` spends generating the recorded answer (its prefill apart) with `drafter`."""
-    from specllm.engine.decode import Decoder, Done, PrefillDone
-    from specllm.engine.sampling import SamplingParams
+    from specllm.engine.decode import Decoder
 
     eog = replay_policy._end_token(stream, data["eog"])
     target = replay_policy.ReplayBackend(sequence, eog, replay_policy._vocab(stream, data), costs, clock, len(stream["prompt"]))
@@ -152,13 +149,7 @@ def _generate(stream, sequence, data, drafter, costs, clock) -> float:
     # A new decoder reads the whole prompt (not timed); the drafter compares it with what it holds,
     # as the server's does, and remembers what the new prompt abandons.
     decoder = Decoder(target, drafter, lambda history, limit: limit)
-    started = clock.now
-    for event in decoder.generate(stream["prompt"], stream["max_tokens"], SamplingParams(temperature=0.0), np.random.default_rng(0)):
-        if isinstance(event, PrefillDone):
-            started = clock.now
-        elif isinstance(event, Done) and event.tokens != stream["tokens"]:
-            raise RuntimeError(f"replay of request {stream['id']} diverged from the recording")
-    return clock.now - started
+    return replay_policy.time_generation(decoder, stream, stream["max_tokens"], clock)
 
 
 def replay(args) -> None:
