@@ -54,7 +54,7 @@ def _start(backend) -> list[int]:
 # request that only warms the cache, `n_predict` 0, and the completion after it share the files'
 # tokens). specllm cuts alike, keeping INFILL_ANSWER tokens twice over for the answer where
 # llama.cpp keeps its server-wide `-n`'s (none by default, and then a full gap overflows); in a
-# context too small for both (`-c 2048` or less) the batch shrinks to what the answer leaves.
+# context too small for both (`-c` under 2560) the batch shrinks to what the answer leaves.
 INFILL_BATCH = 2048
 INFILL_ANSWER = 256  # the most llama.vim asks for (llama.vscode: 128): at least 510 tokens are left for it
 INFILL_PROJECT = "myproject"  # the repository's name in the repo-level layout, as llama.cpp's server writes it
