@@ -64,7 +64,7 @@ def record(args) -> None:
     done = {(s["id"], s["category"]) for s in streams}
     for stream in streams:  # recorded before the target's confidence was kept
         if "target_confidence" not in stream:
-            stream["target_confidence"] = record_target(engine.target, _sequence(stream, recording_eog=eog), len(stream["prompt"]))
+            stream["target_confidence"] = record_target(engine.target, sequence_of(stream, recording_eog=eog), len(stream["prompt"]))
     for prompt in prompts:
         if (prompt.id, prompt.category) in done:
             continue
@@ -76,7 +76,7 @@ def record(args) -> None:
                 stream = {"id": prompt.id, "category": prompt.category, "prompt": tokens, "tokens": event.tokens, "stopped": ended}
                 if ended:
                     stream["end"] = decoder.history[-1]  # the end-of-generation token the target chose
-                sequence = _sequence(stream, recording_eog=eog)
+                sequence = sequence_of(stream, recording_eog=eog)
                 stream["target_confidence"] = record_target(engine.target, sequence, len(tokens))
                 stream["draft"] = record_draft(draft, sequence, len(tokens), engine.target.n_vocab)
                 streams.append(stream)
@@ -139,15 +139,15 @@ def record_draft(draft, sequence: list[int], prompt_length: int, n_vocab: int) -
     return {"start": start, "argmax": argmax, "confidence": confidence, "off_path": off_path}
 
 
-def _end_token(stream: dict, recording_eog: int) -> int:
+def end_token(stream: dict, recording_eog: int) -> int:
     """The end-of-generation token the target chose (recordings that do not keep it: the
     recording's first end-of-generation token)."""
     return stream.get("end", recording_eog)
 
 
-def _sequence(stream: dict, recording_eog: int) -> list[int]:
+def sequence_of(stream: dict, recording_eog: int) -> list[int]:
     """The prompt, the recorded text and, when the generation stopped, its end token."""
-    return stream["prompt"] + stream["tokens"] + ([_end_token(stream, recording_eog)] if stream["stopped"] else [])
+    return stream["prompt"] + stream["tokens"] + ([end_token(stream, recording_eog)] if stream["stopped"] else [])
 
 
 def _top_probability(rows: np.ndarray) -> np.ndarray:
@@ -264,7 +264,7 @@ def simulate(data: dict, costs, draft_max: int, use_draft: bool = True, verbose:
         module.time = clock
     try:
         for stream in data["streams"]:
-            sequence = _sequence(stream, data["eog"])
+            sequence = sequence_of(stream, data["eog"])
             record = stream.get("draft") if use_draft else None
             end_pass = costs.verify(1, len(sequence) - 2) if stream["stopped"] else 0.0  # the pass that chose the end token
             figures = {"plain": plain_cost(stream["prompt"], stream["tokens"], costs) + end_pass, "prompts": 1}
@@ -344,10 +344,11 @@ def threshold_cost(stream: dict, costs, threshold: float, draft_max: int) -> flo
     return seconds
 
 
-def _vocab(stream, data) -> int:
+def vocab_size(stream, data) -> int:
+    """The replay backends' vocabulary: one past the largest token id the stream or its draft record holds."""
     record = stream.get("draft") or {"argmax": [], "off_path": {}}
     off = [t for steps in record["off_path"].values() for t, _ in steps]
-    return max(_sequence(stream, data["eog"]) + record["argmax"] + off + [data["eog"]]) + 1
+    return max(sequence_of(stream, data["eog"]) + record["argmax"] + off + [data["eog"]]) + 1
 
 
 def _run_auto(stream, data, sequence, record, costs, draft_max, clock) -> float:
@@ -357,8 +358,8 @@ def _run_auto(stream, data, sequence, record, costs, draft_max, clock) -> float:
     from specllm.engine.drafters import ModelDrafter, NgramDrafter
     from specllm.engine.policy import CostAwarePolicy
 
-    n_vocab = _vocab(stream, data)
-    eog = _end_token(stream, data["eog"])
+    n_vocab = vocab_size(stream, data)
+    eog = end_token(stream, data["eog"])
     target = ReplayBackend(sequence, eog, n_vocab, costs, clock, len(stream["prompt"]), stream.get("target_confidence", ()))
     model = ModelDrafter(ReplayDraftBackend(sequence, record, n_vocab, costs, clock, eog), 0.0, n_vocab) if record else None
     sentence_ends = frozenset(data.get("sentence_ends", ()))  # the target's tokens that end a sentence (none in old recordings)
@@ -397,9 +398,11 @@ def load_curve(path: str, max_batch: int):
         curve = {c["batch"]: c["ms"] / 1000 for c in report["verify_cost"]}
         depth, context_seconds = report.get("verify_cost_depth", 0), report.get("verify_context_us", 0.0) / 1e6
         costs = CostModel(curve, (report.get("draft_cost_relative") or 0.0) * curve[1], depth, context_seconds)
-    else:  # costs.json: one entry per machine, build and model set, the newest last; the newest with a draft model,
-        entries = list(report.values())[::-1]  # as `auto`'s passes refined it where they did (`learned`)
-        entry = next((e for e in entries if e.get("draft_seconds")), entries[0])
+    else:  # costs.json: one entry per machine, build and model set, the newest last; the newest with a draft model
+        # and the default kernels (an `--exact` curve stops at the few sizes those kernels keep), as `auto`'s
+        # passes refined it where they did (`learned`)
+        entries = sorted(reversed(report.items()), key=lambda item: item[0].endswith("|exact kernels"))
+        entry = next((e for _, e in entries if e.get("draft_seconds")), entries[0][1])
         costs = CostModel.from_dict(entry.get("learned") or entry)
     costs.batch_seconds = {k: v for k, v in costs.batch_seconds.items() if k <= max_batch}
     return costs

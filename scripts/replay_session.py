@@ -117,7 +117,7 @@ def simulate(data: dict, costs, draft_max: int) -> list[dict]:
         session = _drafter(costs, draft_max, sentence_ends)
         rows = []
         for stream in data["streams"]:
-            sequence = replay_policy._sequence(stream, data["eog"])
+            sequence = replay_policy.sequence_of(stream, data["eog"])
             end_pass = costs.verify(1, len(sequence) - 2) if stream["stopped"] else 0.0
             rows.append({
                 "id": stream["id"], "category": stream["category"], "tokens": len(stream["tokens"]),
@@ -143,8 +143,8 @@ def _generate(stream, sequence, data, drafter, costs, clock) -> float:
     """Seconds `auto` spends generating the recorded answer (its prefill apart) with `drafter`."""
     from specllm.engine.decode import Decoder
 
-    eog = replay_policy._end_token(stream, data["eog"])
-    target = replay_policy.ReplayBackend(sequence, eog, replay_policy._vocab(stream, data), costs, clock, len(stream["prompt"]))
+    eog = replay_policy.end_token(stream, data["eog"])
+    target = replay_policy.ReplayBackend(sequence, eog, replay_policy.vocab_size(stream, data), costs, clock, len(stream["prompt"]))
     drafter.ngram.ends_generation = target.is_eog
     # A new decoder reads the whole prompt (not timed); the drafter compares it with what it holds,
     # as the server's does, and remembers what the new prompt abandons.

@@ -124,6 +124,19 @@ def test_a_costs_cache_replays_on_its_newest_curve_with_a_draft_model(tmp_path):
     assert replay.load_curve(str(tmp_path / "costs.json"), 32) == learned
 
 
+def test_a_costs_cache_replays_on_the_default_kernels_curve_not_an_exact_one(tmp_path):
+    """An `--exact` run keeps a curve of its own (its kernels verify at most a few tokens); measured
+    after the default one, it is the newest, but replaying on it would price every longer draft by
+    extrapolation. A cache holding only exact curves still replays on its newest."""
+    replay = _load()
+    default, exact = CostModel({1: 0.06, 2: 0.09, 32: 0.7}, draft_seconds=0.03), CostModel({1: 0.07, 2: 0.1, 3: 0.14}, draft_seconds=0.03)
+    cache = {"model|max=32|method|cpu": default.to_dict(), "model|max=3|method|cpu|exact kernels": exact.to_dict()}
+    (tmp_path / "costs.json").write_text(json.dumps(cache))
+    assert replay.load_curve(str(tmp_path / "costs.json"), 32) == default
+    (tmp_path / "costs.json").write_text(json.dumps({"model|max=3|method|cpu|exact kernels": exact.to_dict()}))
+    assert replay.load_curve(str(tmp_path / "costs.json"), 32) == exact
+
+
 DATA = Path(__file__).resolve().parent / "data"
 # The recordings: plain greedy text of the default pair on all 62 prompts of dev.jsonl (-n 128), with
 # what the draft model proposes after every position (`replay_policy.py record`), and the same for
