@@ -204,10 +204,10 @@ def check_vocab_metadata(target: gguf.GGUFInfo, draft: gguf.GGUFInfo) -> None:
     problem = None
     for key in ("tokenizer.ggml.model", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
         if target.metadata.get(key) != draft.metadata.get(key):
-            problem = f"{key} differs ({target.metadata.get(key)} vs {draft.metadata.get(key)})"
+            problem = f"{key} differs (target {target.metadata.get(key)}, draft {draft.metadata.get(key)})"
             break
     if problem is None and abs(target.n_tokens - draft.n_tokens) > VOCAB_SIZE_TOLERANCE:
-        problem = f"vocabulary sizes differ ({target.n_tokens} vs {draft.n_tokens})"
+        problem = f"vocabulary sizes differ (target {target.n_tokens}, draft {draft.n_tokens})"
     if problem:
         raise SpecllmError(f"draft {draft.path.name} does not share the tokenizer of target {target.path.name}: {problem}")
 
@@ -218,7 +218,7 @@ def check_vocab_texts(target: LlamaBackend, draft: LlamaBackend) -> None:
         if target.token_text(token) != draft.token_text(token):
             raise SpecllmError(
                 f"draft {draft.path.name} does not share the tokenizer of target {target.path.name}: "
-                f"token {token} is {target.token_text(token)!r} vs {draft.token_text(token)!r}"
+                f"token {token} is {target.token_text(token)!r} in the target, {draft.token_text(token)!r} in the draft"
             )
 
 

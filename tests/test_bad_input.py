@@ -115,12 +115,12 @@ def test_a_draft_the_strategy_does_not_use_is_said_to_be_unused(home, tiny_pair,
 def test_draft_of_another_tokenizer_family_is_refused(home, smollm2_path, qwen_pair):
     qwen_draft = qwen_pair[1]
     done = specllm_here(home, "run", "-m", smollm2_path, "--draft", qwen_draft, "--spec", "draft", "-p", "hi")
-    assert_one_error(done, 1, f"draft {qwen_draft.name} does not share the tokenizer of target {smollm2_path.name}")
+    assert_one_error(done, 1, f"draft {qwen_draft.name} does not share the tokenizer of target {smollm2_path.name}: tokenizer.ggml.bos_token_id differs (target 1, draft 151643)")
 
 
 def test_draft_with_a_different_vocabulary_size_is_refused(home, broken, tiny_pair):
     done = specllm_here(home, "run", "-m", tiny_pair[0], "--draft", broken["smaller vocabulary"], "--spec", "ngram+draft", "-p", "hi")
-    assert_one_error(done, 1, "small-vocab.gguf does not share the tokenizer", "vocabulary sizes differ (49152 vs 48152)")
+    assert_one_error(done, 1, "small-vocab.gguf does not share the tokenizer", "vocabulary sizes differ (target 49152, draft 48152)")
 
 
 # -- models.toml ----------------------------------------------------------------------------------
@@ -291,11 +291,14 @@ def test_out_of_bounds_flags_are_usage_errors(home, tiny_pair, flags, problem):
         (["bench", "--repeats", "0"], "--repeats and --limit must be at least 1"),
         (["bench", "--strategies", "off,fast"], "unknown strategies fast"),
         (["bench", "--categories", ",,"], "--categories ',,' names no category"),
+        (["bench", "--categories", "code_edit,sumarization"], "built-in workloads: no category sumarization; its categories: "),
         (["bench", "--json", "/no/such/folder/out.json"], "--json /no/such/folder/out.json: the folder /no/such/folder does not exist"),
-        (["run", "-m"], "Option '-m' requires an argument. (see `specllm --help`)"),
+        (["serve", "--log-level", "loud"], "--log-level must be one of critical, error, warning, info, debug, trace; got 'loud'"),
+        (["run", "-m"], "Option '-m' requires an argument. (see `specllm run --help`)"),
+        (["run", "-p", "hi", "--json=true"], "Option '--json' does not take a value. (see `specllm run --help`)"),
         (["launch"], "No such command 'launch'"),
     ],
-    ids=["chat top-p", "bench repeats", "bench strategies", "bench categories", "bench json folder", "missing value", "unknown command"],
+    ids=["chat top-p", "bench repeats", "bench strategies", "bench categories", "bench category misspelt", "bench json folder", "serve log level", "missing value", "flag given a value", "unknown command"],
 )
 def test_other_usage_errors(home, args, problem):
     assert_one_error(specllm_here(home, *args), 2, problem)
@@ -305,6 +308,15 @@ def test_no_arguments_shows_the_help(home):
     done = specllm(home)
     assert done.returncode in (0, 2) and "Traceback" not in done.stderr  # click < 8.2 exits 0 here
     assert "Usage" in done.stdout + done.stderr and "run" in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "chat", "bench", "serve", "models"])
+def test_the_help_shows_no_value_for_an_on_off_flag(home, command):
+    """`--json true` is refused (a flag takes no value), so the help must not show one for it."""
+    done = specllm_here(home, command, "--help")
+    assert done.returncode == 0
+    flags = [line for line in done.stdout.splitlines() if any(f in line for f in ("--json ", "--quiet ", "--exact ", "--warm ", "--no-think "))]
+    assert flags and not any("<bool>" in line or "BOOLEAN" in line for line in flags), flags
 
 
 def test_flags_at_their_bounds_work(home, tiny_pair):

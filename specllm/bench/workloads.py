@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from specllm.errors import SpecllmError
+from specllm.errors import SpecllmError, UsageError
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def load_prompts(path: str | Path | None = None, categories: list[str] | None = 
         except UnicodeDecodeError:
             raise SpecllmError(f"{path}: not UTF-8 text") from None
         source = str(path)
-    prompts, taken, lines = [], {}, {}
+    prompts, taken, lines, found = [], {}, {}, {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -41,15 +41,18 @@ def load_prompts(path: str | Path | None = None, categories: list[str] | None = 
         if prompt.id in lines:  # results are kept by question_id
             raise SpecllmError(f"{source}:{number}: question_id {prompt.id} is taken already (line {lines[prompt.id]})")
         lines[prompt.id] = number
+        found[prompt.category] = None
         if categories and prompt.category not in categories:
             continue
         if limit is not None and taken.get(prompt.category, 0) >= limit:
             continue
         taken[prompt.category] = taken.get(prompt.category, 0) + 1
         prompts.append(prompt)
+    missing = [c for c in categories or () if c not in found]
+    if missing and found:  # a misspelt category would drop its prompts unseen
+        raise UsageError(f"{source}: no category {', '.join(missing)}; its categories: {', '.join(found)}")
     if not prompts:
-        wanted = f" in categories {', '.join(categories)}" if categories else ""
-        raise SpecllmError(f"{source}: no prompts{wanted}")
+        raise SpecllmError(f"{source}: no prompts")
     return prompts
 
 

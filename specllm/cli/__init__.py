@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
         _flush_stdout()
         sys.exit(exc.exit_code)
     except ClickException as exc:
-        _usage_error(exc)
+        _usage_error(exc, _subcommand(command, args))
     except (KeyboardInterrupt, typer.Abort):
         _quiet_stdout()
         print("Interrupted.", file=sys.stderr)
@@ -77,8 +77,14 @@ def main(argv: list[str] | None = None) -> None:
     _flush_stdout()
 
 
-def _usage_error(exc) -> None:
-    """Click's usage errors as one line (its own show() prints the usage block first)."""
+def _subcommand(command, args: list[str]) -> str | None:
+    """The command `args` name (`run` in `run -p hi -n`), or None."""
+    return next((arg for arg in args if arg in getattr(command, "commands", {})), None)
+
+
+def _usage_error(exc, subcommand: str | None = None) -> None:
+    """Click's usage errors as one line (its own show() prints the usage block first), pointing at
+    the help of the command they concern."""
     message = exc.format_message()
     ctx = getattr(exc, "ctx", None)
     if not message.strip():  # no arguments: Typer has already printed the help
@@ -87,6 +93,8 @@ def _usage_error(exc) -> None:
         exc.show()
     else:
         command = ctx.command_path if ctx is not None else "specllm"  # a missing value: click names no command
+        if command == "specllm" and subcommand is not None:
+            command += f" {subcommand}"
         hint = f" (see `{command} --help`)" if exc.exit_code == 2 else ""
         _error(message + hint)
     sys.exit(exc.exit_code)

@@ -15,6 +15,12 @@ app = typer.Typer(
 )
 
 
+def flag(*names: str, help: str, **options) -> typer.models.OptionInfo:
+    """An on/off option: given, it takes no value, so the help shows it none (Typer 0.29 shows `<bool>`,
+    and a user typing `--json true` is refused)."""
+    return typer.Option(*names, help=help, metavar="", **options)
+
+
 def version_line() -> str:
     """specllm's version and the llama-cpp-python it runs on (whose llama.cpp decides the kernels), as installed."""
 
@@ -35,6 +41,6 @@ def _print_version(asked: bool) -> None:
 
 @app.callback()
 def before_any_command(
-    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit.")] = False,
+    version: Annotated[bool, flag("--version", is_eager=True, callback=_print_version, help="Print the version and exit.")] = False,
 ) -> None:
     """The options that come before a command (the help text is the app's)."""

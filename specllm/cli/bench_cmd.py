@@ -34,7 +34,7 @@ def bench(
     temp: o.Temp = o.BENCH_TEMP,
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
     repeats: Annotated[int, typer.Option("--repeats", help="Runs of every prompt per strategy.")] = 1,
-    warm: Annotated[bool, typer.Option("--warm", help="Keep KV and n-gram state between prompts (inflates results).")] = False,
+    warm: Annotated[bool, o.flag("--warm", help="Keep KV and n-gram state between prompts (inflates results).")] = False,
     json_file: Annotated[Optional[Path], typer.Option("--json", help="Write everything as JSON to this file.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG chart (needs matplotlib).")] = None,
     model: o.Model = None,

@@ -38,8 +38,8 @@ def chat(
     exact: o.Exact = o.LOAD.exact,
     system: o.System = None,
     no_think: o.NoThink = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No statistics on stderr.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="A summary after each reply even when stderr is not a terminal.")] = False,
+    quiet: Annotated[bool, o.flag("--quiet", "-q", help="No statistics on stderr.")] = False,
+    verbose: Annotated[bool, o.flag("--verbose", "-v", help="A summary after each reply even when stderr is not a terminal.")] = False,
     color: o.Color = o.COLOR,
 ) -> None:
     """Chat with a model. Lines typed (or piped in) are messages; /help lists the commands.

@@ -13,14 +13,14 @@ from rich.table import Table
 from rich.text import Text
 
 from specllm.cli import common as c
-from specllm.cli.app import app
+from specllm.cli.app import app, flag
 from specllm.errors import SpecllmError
 from specllm.models import catalog, hfnames, hub, store
 
 
 @app.command("models")
 def models(
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    as_json: Annotated[bool, flag("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
     """List presets and models, and whether each model file is already in the cache."""
     listing = describe_models(catalog.load_registry())
@@ -60,17 +60,27 @@ def pull(
 def rm(
     names: Annotated[list[str], typer.Argument(metavar="PRESET_OR_MODEL...", help="Models, presets (their target and draft), or hf: names.")],
 ) -> None:
-    """Delete models' files from the cache (a preset: its target and draft). They download again when used."""
+    """Delete models' files from the cache (a preset: its target, and its draft unless another preset
+    whose target is cached drafts with it too). They download again when used."""
     reg = catalog.load_registry()
     cache = catalog.cache_dir()
     targets = {}  # label -> the files that make it up; every name is checked before anything is deleted
+    drafts = set()  # models named only as a preset's draft
     for name in names:
         if hfnames.is_hf_name(name):
             targets[name] = _cached_hf_files(hfnames.parse(name), cache)
-        else:
-            for entry in catalog.models_for(name, reg):  # unknown names: an error
-                path = store.model_path(entry, cache)
-                targets[entry.name] = [path.parent / f for f in entry.files]
+            continue
+        preset = reg.presets.get(name)
+        for entry in catalog.models_for(name, reg):  # unknown names: an error
+            path = store.model_path(entry, cache)
+            targets[entry.name] = [path.parent / f for f in entry.files]
+            if preset is not None and entry.name == preset.draft:
+                drafts.add(entry.name)
+    for model in sorted(drafts - set(names)):
+        user = _other_user(model, names, set(targets), reg, cache)
+        if user is not None:
+            del targets[model]
+            _say(c.stderr, f"{model}: kept, {user} uses it too (`specllm rm {model}` deletes it)")
     for label, files in targets.items():
         present = [f for f in files + [hub.sidecar_path(f) for f in files] + [hub.part_path(f) for f in files] if f.is_file()]
         if not present:
@@ -80,6 +90,17 @@ def rm(
         for f in present:
             f.unlink()
         _say(c.stderr, f"{label}: removed {_size(size)}  {files[0]}")
+
+
+def _other_user(model: str, names: list[str], deleting: set[str], reg: catalog.Registry, cache) -> str | None:
+    """A preset not named that uses `model`, whose target stays in the cache (or is `model`), or None."""
+    for preset in reg.presets.values():
+        if preset.name in names or model not in (preset.target, preset.draft):
+            continue
+        target = reg.models.get(preset.target)
+        if preset.target == model or (target is not None and preset.target not in deleting and hub.cache_state(target, store.model_path(target, cache)) != "missing"):
+            return preset.name
+    return None
 
 
 def _cached_hf_files(name: hfnames.HfName, cache) -> list:

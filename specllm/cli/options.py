@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from specllm.backend import LoadOptions
+from specllm.cli.app import flag
 from specllm.engine.sampling import SamplingParams
 from specllm.errors import UsageError
 from specllm.session import STRATEGIES, SpecConfig
@@ -43,9 +44,9 @@ CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in 
 Threads = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads.", show_default="all cores up to 8")]
 GpuLayers = Annotated[int, typer.Option("--gpu-layers", "-ngl", help="Target layers on the GPU (-1: all when the build supports it).")]
 GpuLayersDraft = Annotated[int, typer.Option("--gpu-layers-draft", "-ngld", help="Draft layers on the GPU (-1: all when supported).")]
-Exact = Annotated[bool, typer.Option("--exact", help="Batch-invariant kernels: at --temp 0 the text is bit-identical to plain decoding's (--spec off --exact), never parted by a near tie. Target on the CPU; verifications of 3-7 tokens at most, so speculation gains less.")]
+Exact = Annotated[bool, flag("--exact", help="Batch-invariant kernels: at --temp 0 the text is bit-identical to plain decoding's (--spec off --exact), never parted by a near tie. Target on the CPU; verifications of 3-7 tokens at most, so speculation gains less.")]
 System = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt ('': none, not the template's default).")]
-NoThink = Annotated[bool, typer.Option("--no-think", help="A thinking model (Qwen3) answers without reasoning first (its template's enable_thinking switch). Reasoning goes to stderr, the answer to stdout.")]
+NoThink = Annotated[bool, flag("--no-think", help="A thinking model (Qwen3) answers without reasoning first (its template's enable_thinking switch). Reasoning goes to stderr, the answer to stdout.")]
 Color = Annotated[str, typer.Option("--color", help="Colour tokens by source: auto, always, never.")]
 
 

@@ -44,10 +44,10 @@ def run(
     exact: o.Exact = o.LOAD.exact,
     system: o.System = None,
     no_think: o.NoThink = False,
-    raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template (special tokens written in it read as such).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead of the text.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No statistics on stderr.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Closing statistics on stderr even when it is not a terminal.")] = False,
+    raw: Annotated[bool, o.flag("--raw", help="Send the prompt as is, without the chat template (special tokens written in it read as such).")] = False,
+    as_json: Annotated[bool, o.flag("--json", help="Print one JSON object (text, tokens, stats) instead of the text.")] = False,
+    quiet: Annotated[bool, o.flag("--quiet", "-q", help="No statistics on stderr.")] = False,
+    verbose: Annotated[bool, o.flag("--verbose", "-v", help="Closing statistics on stderr even when it is not a terminal.")] = False,
     color: o.Color = o.COLOR,
 ) -> None:
     """Generate a reply to a prompt (and piped stdin), streaming plain text to stdout."""

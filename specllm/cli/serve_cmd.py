@@ -17,6 +17,9 @@ from specllm.models import catalog
 from specllm.session import SpecConfig
 
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
+
+
 @app.command()
 def serve(
     model: o.Model = None,
@@ -31,18 +34,21 @@ def serve(
     gpu_layers: o.GpuLayers = o.LOAD.n_gpu_layers,
     gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
     exact: o.Exact = o.LOAD.exact,
-    no_think: Annotated[bool, typer.Option("--no-think", help="A thinking model (Qwen3) answers without reasoning first unless a request's chat_template_kwargs say otherwise.")] = False,
+    no_think: Annotated[bool, o.flag("--no-think", help="A thinking model (Qwen3) answers without reasoning first unless a request's chat_template_kwargs say otherwise.")] = False,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port).")] = 8080,
     queue_size: Annotated[int, typer.Option("--queue-size", help="Requests that may wait while one is served; more get HTTP 503.")] = 8,
-    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn's log level: warning, info (one line per request), debug.")] = "warning",
+    log_level: Annotated[str, typer.Option("--log-level", help=f"uvicorn's log level: {', '.join(LOG_LEVELS)} (info: one line per request).")] = "warning",
 ) -> None:
-    """Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health)."""
+    """Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health)
+    and llama.cpp's /infill for editors."""
     o.check_common(1, ctx_size, threads, exact, gpu_layers, gpu_layers_draft)
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {port}")
     if queue_size < 1:
         raise UsageError(f"--queue-size must be at least 1, got {queue_size}")
+    if log_level.lower() not in LOG_LEVELS:
+        raise UsageError(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
     try:
         from specllm.server.app import Service
         from specllm.server.run import serve as run_server
@@ -61,7 +67,7 @@ def serve(
               "- Ctrl-C stops", file=sys.stderr, flush=True)  # fmt: skip
 
     try:
-        run_server(service, host, port, ready, log_level)
+        run_server(service, host, port, ready, log_level.lower())
     finally:
         engine.keep_learned()
     print("specllm serve: stopped", file=sys.stderr, flush=True)
