@@ -32,6 +32,10 @@ class LoadOptions:
     n_gpu_layers: int = -1  # -1: all layers when the build can offload, else 0
     n_batch: int = 512
     exact: bool = False  # batch-invariant kernels: verified rows equal single tokens' bit for bit (CPU only; small batches)
+    flash_attn: str = "auto"  # llama.cpp's flash attention: "auto" (its choice: on where it can), "on" or "off"
+
+
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 
 
 def supports_gpu_offload() -> bool:
@@ -239,10 +243,12 @@ class LlamaBackend:
         threads = options.n_threads or _default_threads()
         ctx_params.n_threads = threads
         ctx_params.n_threads_batch = threads
+        ctx_params.flash_attn_type = FLASH_ATTN[options.flash_attn]
         if options.exact:
-            ctx_params.flash_attn_type = 1  # LLAMA_FLASH_ATTN_TYPE_ENABLED: one kernel per query row
+            ctx_params.flash_attn_type = FLASH_ATTN["on"]  # one kernel per query row
             ctx_params.type_v = 30  # GGML_TYPE_BF16: K and V of different types keep one token's attention unsplit
         self.n_threads = threads
+        self.flash_attn = "on" if options.exact else options.flash_attn  # as asked (auto: llama.cpp's choice)
         self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             self.close()

@@ -121,6 +121,21 @@ def test_prefill_longer_than_n_batch_is_split_into_chunks(target_path):
     assert_same_rows(chunked, whole, "chunked prefill")  # chunks of 16 take other gemm tiles than one of 54
 
 
+def test_flash_attention_off_reaches_llama_cpp(target_path):
+    """`--flash-attn off` loads the model with llama.cpp's other attention path: a token's logits after
+    a few hundred cached ones differ in rounding from flash attention's (`on`), and only in rounding."""
+    rows = {}
+    for setting in ("on", "off"):
+        backend = LlamaBackend(target_path, LoadOptions(n_ctx=512, n_threads=1, n_gpu_layers=0, flash_attn=setting))
+        tokens = backend.tokenize(TEXT * 20)[:300]
+        backend.evaluate(tokens[:-1], [])
+        rows[setting] = backend.evaluate(tokens[-1:], [0]).copy()
+        assert backend.flash_attn == setting
+        backend.close()
+    assert not np.array_equal(rows["on"], rows["off"])
+    assert_same_rows(rows["on"], rows["off"], "flash attention on against off")
+
+
 def test_rows_read_in_place_are_the_rows_a_copy_holds(target_path):
     """`copy=False` (the decode loop's verification and the draft model's steps) gives llama.cpp's own
     buffer, read-only, the same rows a copy holds; a batch longer than n_batch still comes back whole."""

@@ -272,6 +272,8 @@ BAD_FLAGS = [
     (["-ngld", "-2"], "--gpu-layers-draft must be -1 (all, where the build offloads) or 0 or more, got -2"),
     (["--spec", "fast"], "--spec must be one of auto, off, ngram, draft, ngram+draft; got 'fast'"),
     (["--color", "purple"], "--color must be auto, always or never; got 'purple'"),
+    (["--flash-attn", "maybe"], "--flash-attn must be auto, on or off; got 'maybe'"),
+    (["--exact", "-fa", "off"], "--exact needs flash attention"),
     (["--no-such-flag"], "No such option: --no-such-flag"),
     (["--spec", "draft"], "--spec draft needs a draft model"),
 ]

@@ -48,9 +48,10 @@ def bench(
     gpu_layers: o.GpuLayers = o.LOAD.n_gpu_layers,
     gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
     exact: o.Exact = o.LOAD.exact,
+    flash_attn: o.FlashAttn = o.LOAD.flash_attn,
 ) -> None:
     """Measure plain decoding against each speculation strategy on the same prompts."""
-    o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers, gpu_layers_draft)
+    o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers, gpu_layers_draft, flash_attn)
     if repeats < 1 or (limit is not None and limit < 1):
         raise UsageError("--repeats and --limit must be at least 1")
     chosen = _strategies(strategies)
@@ -64,7 +65,7 @@ def bench(
         raise UsageError(f"--categories {categories!r} names no category")
     workload = load_prompts(prompts, wanted, limit)
     spec = SpecConfig("ngram+draft", draft_max, draft_p_min, ngram_min, ngram_max).validate()
-    engine = c.open_engine(model, draft, spec, ctx_size, threads, gpu_layers, gpu_layers_draft, exact)
+    engine = c.open_engine(model, draft, spec, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, flash_attn)
     if any(s in ("draft", "ngram+draft") for s in chosen) and engine.draft is None:
         chosen = [s for s in chosen if s not in ("draft", "ngram+draft")]
         c.warn("no draft model: skipping the draft and ngram+draft strategies")
@@ -243,6 +244,7 @@ def _report(engine, settings, costs, learned, rows, runs, workload, partial, pro
             "llama_cpp": system_info(),
             "exact_kernels": engine.target.exact,
             "exact_batch": engine.target.exact_batch,  # the largest verification exact kernels allow
+            "flash_attn": engine.target.flash_attn,  # as asked: auto is llama.cpp's choice
         },
         "models": {
             role: {"path": str(info.path), "bytes": info.size, "architecture": info.architecture}

@@ -36,6 +36,7 @@ def chat(
     gpu_layers: o.GpuLayers = o.LOAD.n_gpu_layers,
     gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
     exact: o.Exact = o.LOAD.exact,
+    flash_attn: o.FlashAttn = o.LOAD.flash_attn,
     system: o.System = None,
     no_think: o.NoThink = False,
     quiet: Annotated[bool, o.flag("--quiet", "-q", help="No statistics on stderr.")] = False,
@@ -47,11 +48,11 @@ def chat(
     Replies go to stdout and nothing else does, so a script can drive a chat through a pipe.
     """
     params = o.sampling_params(temp, top_k, top_p, min_p, seed)
-    o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers, gpu_layers_draft)
+    o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers, gpu_layers_draft, flash_attn)
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     colour = use_colour(color, sys.stdout)
     interactive = sys.stdin.isatty()
-    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, think=not no_think)
+    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, flash_attn, think=not no_think)
     loop = ChatLoop(
         engine,
         Conversation(system),

@@ -27,6 +27,7 @@ def open_engine(
     gpu_layers: int,
     gpu_layers_draft: int,
     exact: bool = False,
+    flash_attn: str = "auto",
     announce: bool | None = None,
     think: bool = True,
 ) -> Engine:
@@ -47,8 +48,8 @@ def open_engine(
                 draft_path = store.resolve_model(draft_name, reg, progress=progress, warn=warn)
         elif draft:
             warn(f"--draft is not used with --spec {spec.strategy}: no draft model loaded")
-    options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers, exact=exact)
-    draft_options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers_draft)
+    options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers, exact=exact, flash_attn=flash_attn)
+    draft_options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers_draft, flash_attn=flash_attn)
     engine = Engine(ModelPaths(target_path, draft_path), spec, options, draft_options, catalog.cache_dir() / "costs.json")
     try:
         thinking_variables(engine.target, think)  # a template that cannot answer without thinking: said before minutes of measuring

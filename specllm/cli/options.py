@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from specllm.backend import LoadOptions
+from specllm.backend import FLASH_ATTN, LoadOptions
 from specllm.cli.app import flag
 from specllm.engine.sampling import SamplingParams
 from specllm.errors import UsageError
@@ -19,7 +19,7 @@ from specllm.session import STRATEGIES, SpecConfig
 
 SPEC = SpecConfig()  # --spec, --draft-max, --draft-p-min, --ngram-min, --ngram-max
 SAMPLING = SamplingParams()  # --temp, --top-k, --top-p, --min-p, --seed
-LOAD = LoadOptions()  # --ctx-size, --threads, --gpu-layers, --gpu-layers-draft, --exact
+LOAD = LoadOptions()  # --ctx-size, --threads, --gpu-layers, --gpu-layers-draft, --exact, --flash-attn
 MAX_TOKENS = 512  # run and chat
 BENCH_MAX_TOKENS = 128  # bench: short generations, many prompts
 BENCH_TEMP = 0.0  # bench: greedy, so every strategy's text can be compared with off's
@@ -45,6 +45,7 @@ Threads = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU thr
 GpuLayers = Annotated[int, typer.Option("--gpu-layers", "-ngl", help="Target layers on the GPU (-1: all when the build supports it).")]
 GpuLayersDraft = Annotated[int, typer.Option("--gpu-layers-draft", "-ngld", help="Draft layers on the GPU (-1: all when supported).")]
 Exact = Annotated[bool, flag("--exact", help="Batch-invariant kernels: at --temp 0 the text is bit-identical to plain decoding's (--spec off --exact), never parted by a near tie. Target on the CPU; verifications of 3-7 tokens at most, so speculation gains less.")]
+FlashAttn = Annotated[str, typer.Option("--flash-attn", "-fa", help="llama.cpp's flash attention: auto (its choice), on, off. On a CPU, off makes generation after long prompts faster (verifying a draft most) and reading prompts slower: see the README.")]
 System = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt ('': none, not the template's default).")]
 NoThink = Annotated[bool, flag("--no-think", help="A thinking model (Qwen3) answers without reasoning first (its template's enable_thinking switch). Reasoning goes to stderr, the answer to stdout.")]
 Color = Annotated[str, typer.Option("--color", help="Colour tokens by source: auto, always, never.")]
@@ -54,7 +55,7 @@ def sampling_params(temp: float, top_k: int, top_p: float, min_p: float, seed: i
     return SamplingParams(temp, top_k, top_p, min_p, None if seed == -1 else seed).validate()  # -1: random, as in llama.cpp
 
 
-def check_common(max_tokens: int, ctx_size: int, threads: int | None, exact: bool = False, gpu_layers: int = -1, gpu_layers_draft: int = -1) -> None:
+def check_common(max_tokens: int, ctx_size: int, threads: int | None, exact: bool = False, gpu_layers: int = -1, gpu_layers_draft: int = -1, flash_attn: str = "auto") -> None:
     if max_tokens < 1:
         raise UsageError(f"--max-tokens must be at least 1, got {max_tokens}")
     if ctx_size < 8:
@@ -64,5 +65,9 @@ def check_common(max_tokens: int, ctx_size: int, threads: int | None, exact: boo
     for flag, layers in (("--gpu-layers", gpu_layers), ("--gpu-layers-draft", gpu_layers_draft)):
         if layers < -1:
             raise UsageError(f"{flag} must be -1 (all, where the build offloads) or 0 or more, got {layers}")
+    if flash_attn not in FLASH_ATTN:
+        raise UsageError(f"--flash-attn must be auto, on or off; got {flash_attn!r}")
+    if exact and flash_attn == "off":
+        raise UsageError("--exact needs flash attention (its per-row kernel keeps a token's attention the same in any batch): drop --flash-attn off")
     if exact and gpu_layers > 0:
         raise UsageError("--exact runs the target on the CPU (GPU kernels differ by batch size too): drop --gpu-layers")

@@ -42,6 +42,7 @@ def run(
     gpu_layers: o.GpuLayers = o.LOAD.n_gpu_layers,
     gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
     exact: o.Exact = o.LOAD.exact,
+    flash_attn: o.FlashAttn = o.LOAD.flash_attn,
     system: o.System = None,
     no_think: o.NoThink = False,
     raw: Annotated[bool, o.flag("--raw", help="Send the prompt as is, without the chat template (special tokens written in it read as such).")] = False,
@@ -52,11 +53,11 @@ def run(
 ) -> None:
     """Generate a reply to a prompt (and piped stdin), streaming plain text to stdout."""
     params = o.sampling_params(temp, top_k, top_p, min_p, seed)
-    o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers, gpu_layers_draft)
+    o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers, gpu_layers_draft, flash_attn)
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     colour = use_colour(color, sys.stdout) and not as_json
     text = c.read_prompt(prompt)
-    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, think=not no_think)
+    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, flash_attn, think=not no_think)
     tokens = engine.encode(text, system, raw, think=not no_think)
     splitter = ThinkSplitter(thinks=False) if raw else reasoning_splitter(engine.target, tokens)  # a thinking model's reasoning apart
     stats, done = Stats(), None

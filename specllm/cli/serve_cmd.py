@@ -34,6 +34,7 @@ def serve(
     gpu_layers: o.GpuLayers = o.LOAD.n_gpu_layers,
     gpu_layers_draft: o.GpuLayersDraft = o.LOAD.n_gpu_layers,
     exact: o.Exact = o.LOAD.exact,
+    flash_attn: o.FlashAttn = o.LOAD.flash_attn,
     no_think: Annotated[bool, o.flag("--no-think", help="A thinking model (Qwen3) answers without reasoning first unless a request's chat_template_kwargs say otherwise.")] = False,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port).")] = 8080,
@@ -42,7 +43,7 @@ def serve(
 ) -> None:
     """Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health)
     and llama.cpp's /infill for editors."""
-    o.check_common(1, ctx_size, threads, exact, gpu_layers, gpu_layers_draft)
+    o.check_common(1, ctx_size, threads, exact, gpu_layers, gpu_layers_draft, flash_attn)
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {port}")
     if queue_size < 1:
@@ -56,7 +57,7 @@ def serve(
         raise SpecllmError(f'`specllm serve` needs the server extra ({exc.name} is missing): pip install "specllm[server]"') from None
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     # a server's log says why it is not listening yet, a terminal or not
-    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, announce=True, think=not no_think)
+    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, flash_attn, announce=True, think=not no_think)
     model_id = _model_id(model)
     variables = thinking_variables(engine.target, think=not no_think)
     service = Service(engine, model_id, queue_size, aliases=_aliases(model_id), variables=variables)
