@@ -243,12 +243,12 @@ class LlamaBackend:
         threads = options.n_threads or _default_threads()
         ctx_params.n_threads = threads
         ctx_params.n_threads_batch = threads
-        ctx_params.flash_attn_type = FLASH_ATTN[options.flash_attn]
+        # as asked (auto: llama.cpp's choice); exact kernels need flash attention's kernel, one per query row
+        self.flash_attn = "on" if options.exact else options.flash_attn
+        ctx_params.flash_attn_type = FLASH_ATTN[self.flash_attn]
         if options.exact:
-            ctx_params.flash_attn_type = FLASH_ATTN["on"]  # one kernel per query row
             ctx_params.type_v = 30  # GGML_TYPE_BF16: K and V of different types keep one token's attention unsplit
         self.n_threads = threads
-        self.flash_attn = "on" if options.exact else options.flash_attn  # as asked (auto: llama.cpp's choice)
         self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             self.close()

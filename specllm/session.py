@@ -162,9 +162,12 @@ class Engine:
         parts = [self.target_info, self.draft_info]
         files = [f"{info.path.name}:{info.size}:{info.path.stat().st_mtime_ns}" for info in parts if info is not None]
         largest = batch_sizes(max_batch, self.target.n_ctx)[-1]  # a small context times fewer sizes
-        kernels = ["exact kernels"] if self.target.exact else []  # their own KV types and batch limit: a curve of their own
-        if self.target.flash_attn != "auto":  # attention's cost at depth, a batch's most (a 2-core EPYC: 16 tokens after 3,072, 810 ms on, 546 off)
-            kernels.append(f"flash attention {self.target.flash_attn}")
+        if self.target.exact:  # their own KV types, flash attention and batch limit: a curve of their own
+            kernels = ["exact kernels"]
+        elif self.target.flash_attn != "auto":  # attention's cost at depth, a batch's most (a 2-core EPYC: 16 tokens after 3,072, 810 ms on, 546 off)
+            kernels = [f"flash attention {self.target.flash_attn}"]
+        else:
+            kernels = []
         return "|".join(files + [f"threads={self.target.n_threads}", f"ngl={self.target.n_gpu_layers}", f"max={largest}", CALIBRATION_METHOD, system_info()] + kernels)
 
     def decoder(self, strategy: str | None = None) -> Decoder:

@@ -275,6 +275,19 @@ def test_a_flash_attention_setting_has_a_curve_of_its_own(tiny_pair, tmp_path):
     assert len(set(keys.values())) == 3 and "flash attention" not in keys["auto"] and keys["off"].endswith("|flash attention off")
 
 
+def test_exact_kernels_keep_the_key_their_curves_had(tiny_pair, tmp_path, monkeypatch):
+    """Exact kernels turn flash attention on themselves: their curve stays keyed as before the option
+    (`|exact kernels` last, as `scripts/replay_policy.py` tells it from the default kernels' curve)."""
+    from specllm import backend
+
+    monkeypatch.setattr(backend, "exact_batch", lambda model: 5)  # tiny models are F32: exact kernels would refuse them
+    options = LoadOptions(n_ctx=512, n_threads=1, exact=True)
+    engine = Engine(ModelPaths(*tiny_pair), SpecConfig("auto"), options, options, cost_cache=tmp_path / "costs.json")
+    key = engine._cost_key(32)
+    engine.close()
+    assert engine.target.flash_attn == "on" and key.endswith("|exact kernels") and "flash attention" not in key
+
+
 def test_each_run_starts_from_what_the_runs_before_it_learned(tiny_pair, home, tmp_path):
     """`specllm run --spec auto`, twice, as a user runs it: the first keeps its passes' lesson in the
     cache, the second starts from it and adds its own; the calibration itself is never rewritten."""
