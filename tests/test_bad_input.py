@@ -224,6 +224,22 @@ def test_context_filling_during_generation_keeps_the_text_and_says_why(home, tin
     assert as_text.stderr.strip() == warning == as_json.stderr.strip()
 
 
+def test_a_reply_cut_by_the_default_length_limit_says_so(home, compact_pair):
+    """`cat app.py | specllm run -p "Add type hints" > typed.py` must not cut the file at 512 tokens
+    unnoticed; a limit the user chose (`-n`) is the user's, and says nothing."""
+    flags = ["run", "-m", compact_pair[0], "-c", "1024", "--temp", "0", "--spec", "off", "-p", "hello"]
+    as_json = specllm_here(home, *flags, "--json")
+    result = json.loads(as_json.stdout)
+    assert result["finish_reason"] == "length" and len(result["tokens"]) == 512  # the default, reached
+    warning = "warning: stopped at 512 tokens, the default --max-tokens: the reply may be cut short (raise -n)"
+    assert as_json.returncode == 0 and as_json.stderr.strip() == warning
+    as_text = specllm_here(home, *flags)
+    assert as_text.returncode == 0 and as_text.stdout == result["text"] + "\n" and as_text.stderr.strip() == warning
+    chosen = specllm_here(home, *flags, "-n", "512")
+    assert chosen.returncode == 0 and chosen.stdout == as_text.stdout and chosen.stderr == ""
+    assert specllm_here(home, *flags, "--quiet").stderr == ""
+
+
 def test_typed_special_tokens_stay_text_unless_the_prompt_is_raw(tiny_pair):
     """`<|im_end|>` typed by a user is tokenized as text: it neither closes the turn nor opens a role.
     A raw prompt (`--raw`) is the text as the model reads it, markup included, as llama.cpp reads one."""

@@ -23,6 +23,7 @@ from specllm.session import SpecConfig
 
 @app.command()
 def run(
+    context: typer.Context,
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="The prompt; piped stdin comes before it.")] = None,
     model: o.Model = None,
     draft: o.Draft = None,
@@ -94,9 +95,18 @@ def run(
         c.stderr.print(summary_text(stats), style="dim" if c._colour_ok() else None, soft_wrap=True)
     if splitter.thinks and not answer and done.finish_reason == "length" and not quiet:
         c.warn(f"stopped after {len(done.tokens)} tokens while the model was still reasoning, before any answer: raise --max-tokens, or --no-think")
+    elif done.finish_reason == "length" and not quiet and _defaulted(context, "max_tokens"):
+        # a limit the user did not choose must not cut a reply unnoticed (a file rewritten through a pipe)
+        c.warn(f"stopped at {max_tokens} tokens, the default --max-tokens: the reply may be cut short (raise -n)")
     if done.finish_reason == "context" and not quiet:
         c.warn(f"stopped after {len(done.tokens)} tokens: the context of {engine.target.n_ctx} tokens is full (raise --ctx-size)")
     stopper.raise_if_stopped()  # Ctrl-C: exit 130; SIGTERM: exit 143 (the text and JSON are out)
+
+
+def _defaulted(context: typer.Context, name: str) -> bool:
+    """Whether option `name` kept its default (the user did not give it). By the source's name: Typer
+    carries a click of its own, whose ParameterSource is not the installed click's."""
+    return context.get_parameter_source(name).name == "DEFAULT"
 
 
 def _json_result(done: Done, stats: Stats, engine, strategy: str) -> dict:
