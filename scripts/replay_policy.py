@@ -399,13 +399,19 @@ def load_curve(path: str, max_batch: int):
         depth, context_seconds = report.get("verify_cost_depth", 0), report.get("verify_context_us", 0.0) / 1e6
         costs = CostModel(curve, (report.get("draft_cost_relative") or 0.0) * curve[1], depth, context_seconds)
     else:  # costs.json: one entry per machine, build and model set, the newest last; the newest with a draft model
-        # and the default kernels (an `--exact` curve stops at the few sizes those kernels keep), as `auto`'s
-        # passes refined it where they did (`learned`)
-        entries = sorted(reversed(report.items()), key=lambda item: item[0].endswith("|exact kernels"))
+        # and the default settings (a `--flash-attn` curve is another machine's worth of costs at depth; an `--exact`
+        # one stops at the few sizes those kernels keep), as `auto`'s passes refined it where they did (`learned`)
+        entries = sorted(reversed(report.items()), key=lambda item: _setting_rank(item[0]))
         entry = next((e for _, e in entries if e.get("draft_seconds")), entries[0][1])
         costs = CostModel.from_dict(entry.get("learned") or entry)
     costs.batch_seconds = {k: v for k, v in costs.batch_seconds.items() if k <= max_batch}
     return costs
+
+
+def _setting_rank(key: str) -> int:
+    """A costs.json key's settings, in the order a replay prefers them: llama.cpp's defaults, a flash-attention
+    setting asked for, the exact kernels (see `Engine._cost_key`)."""
+    return 2 if key.endswith("|exact kernels") else 1 if "|flash attention " in key else 0
 
 
 def _draft_token_seconds(machine: dict) -> float:
