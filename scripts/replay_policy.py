@@ -51,8 +51,8 @@ def record(args) -> None:
     from specllm.session import Engine, ModelPaths, SpecConfig
 
     registry = load_registry()
-    engine = Engine(ModelPaths(resolve_model(registry.default, registry)), SpecConfig("off"), LoadOptions(n_ctx=4096), LoadOptions())
-    draft = LlamaBackend(resolve_model(resolve_preset_draft(registry.default, registry), registry), LoadOptions(n_ctx=4096))
+    engine = Engine(ModelPaths(resolve_model(registry.default, registry)), SpecConfig("off"), LoadOptions(n_ctx=args.ctx_size), LoadOptions())
+    draft = LlamaBackend(resolve_model(resolve_preset_draft(registry.default, registry), registry), LoadOptions(n_ctx=args.ctx_size))
     eog = next(t for t in range(engine.target.n_vocab) if engine.target.is_eog(t))  # for streams that do not say
     sentence_ends = [t for t in range(engine.target.n_vocab) if ends_sentence(engine.target.token_bytes(t))]
     prompts = load_prompts(Path(args.prompts))
@@ -457,6 +457,7 @@ def main() -> None:
     rec.add_argument("--prompts", default=str(ROOT.parent / "shared/workloads/dev.jsonl"))
     rec.add_argument("-n", type=int, default=128)
     rec.add_argument("--limit", type=int, default=0, help="only the first N prompts")
+    rec.add_argument("-c", "--ctx-size", type=int, default=4096, help="context of both models (a prompt and its answer must fit)")
     rep = commands.add_parser("replay")
     rep.add_argument("streams")
     rep.add_argument("--costs", required=True, nargs="+", help="machine files, costs.json files or `bench --json` reports")
