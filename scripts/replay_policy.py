@@ -5,7 +5,7 @@ produced, so once the plain text of each prompt is recorded, any policy can be s
 without timing noise: every target pass costs what the measured cost curve says. This is
 how policy changes are compared before `bench` measures them for real.
 
-    python scripts/replay_policy.py record --out streams.json [--prompts dev.jsonl] [-n 128]
+    python scripts/replay_policy.py record --out streams.json [--prompts dev.jsonl] [-n 128] [-c 4096]
     python scripts/replay_policy.py replay streams.json [--costs bench.json]
 
 `record` runs plain decoding on the default preset (slow: a few seconds a prompt), and keeps the
