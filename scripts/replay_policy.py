@@ -399,7 +399,7 @@ def load_curve(path: str, max_batch: int):
         depth, context_seconds = report.get("verify_cost_depth", 0), report.get("verify_context_us", 0.0) / 1e6
         costs = CostModel(curve, (report.get("draft_cost_relative") or 0.0) * curve[1], depth, context_seconds)
     else:  # costs.json: one entry per machine, build and model set, the newest last; the newest with a draft model
-        # and the default settings (a `--flash-attn` curve is another machine's worth of costs at depth; an `--exact`
+        # and llama.cpp's default settings (a `--flash-attn` curve prices attention at depth otherwise; an `--exact`
         # one stops at the few sizes those kernels keep), as `auto`'s passes refined it where they did (`learned`)
         entries = sorted(reversed(report.items()), key=lambda item: _setting_rank(item[0]))
         entry = next((e for _, e in entries if e.get("draft_seconds")), entries[0][1])
