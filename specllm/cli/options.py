@@ -62,9 +62,9 @@ def check_common(max_tokens: int, ctx_size: int, threads: int | None, exact: boo
         raise UsageError(f"--ctx-size must be at least 8 tokens, got {ctx_size}")
     if threads is not None and not 1 <= threads <= MAX_THREADS:
         raise UsageError(f"--threads must be between 1 and {MAX_THREADS}, got {threads}")
-    for flag, layers in (("--gpu-layers", gpu_layers), ("--gpu-layers-draft", gpu_layers_draft)):
+    for option, layers in (("--gpu-layers", gpu_layers), ("--gpu-layers-draft", gpu_layers_draft)):
         if layers < -1:
-            raise UsageError(f"{flag} must be -1 (all, where the build offloads) or 0 or more, got {layers}")
+            raise UsageError(f"{option} must be -1 (all, where the build offloads) or 0 or more, got {layers}")
     if flash_attn not in FLASH_ATTN:
         raise UsageError(f"--flash-attn must be auto, on or off; got {flash_attn!r}")
     if exact and flash_attn == "off":
