@@ -84,6 +84,7 @@ class CostAwarePolicy:
         self.confidence = [Beta.prior(mean) for mean in priors.CONFIDENCE_PRIORS]
         self.sureness_total, self.sureness_seen = 0.0, 0  # the target's top probabilities on this generation's tokens while the draft model is cold: sum, count
         self.sure_target = False  # the draft model's prior was raised by how sure the target is
+        self.sureness_may_pay = False  # whether at the raised prior the draft model would pay on this curve (set at the first step)
         self.model_state = COLD
         self.committed = self.ngram_committed = 0  # tokens of this generation, and those committed by n-gram steps
         self.tokens_left = 0
@@ -104,7 +105,7 @@ class CostAwarePolicy:
         self.ngram_gain = 0.0
         self.budget = None
         self.model_net = self.entry_seconds = 0.0
-        self.sureness_total, self.sureness_seen, self.sure_target = 0.0, 0, False
+        self.sureness_total, self.sureness_seen, self.sure_target, self.sureness_may_pay = 0.0, 0, False, False
         if not self.draft_observed:  # a prior raised in an earlier turn does not carry over; what was learned does
             self.draft_acceptance = Beta.prior(priors.DRAFT_PRIOR)
 
@@ -112,8 +113,9 @@ class CostAwarePolicy:
         """This step's target context (tokens in its KV cache) and how many tokens may still come
         (capped at the horizon over which the draft model's first use must pay back)."""
         self.context, self.tokens_left = context, min(tokens_left, priors.HORIZON)
-        if self.budget is None:
+        if self.budget is None:  # the generation's first step
             self.budget = priors.EXPLORATION_SHARE * self.tokens_left * self.cost(1)
+            self.sureness_may_pay = self.has_draft_model and self._best_model_length(priors.SURE_TARGET_DRAFT_PRIOR)[0] > 0
 
     # -- the choice -------------------------------------------------------------------------
 
@@ -247,9 +249,10 @@ class CostAwarePolicy:
             return self.draft_acceptance.optimistic
         return self.draft_acceptance.mean
 
-    def _best_model_length(self) -> tuple[int, float]:
-        """The draft length of highest worth at the learned acceptance (0 when none beats plain), and its worth."""
-        alpha, rate = self._model_acceptance(), self.target_rate()
+    def _best_model_length(self, alpha: float | None = None) -> tuple[int, float]:
+        """The draft length of highest worth at acceptance `alpha` (default: the learned one; 0 when
+        none beats plain), and its worth."""
+        alpha, rate = self._model_acceptance() if alpha is None else alpha, self.target_rate()
         best_k, best = 0, 1.0 - rate * self.cost(1)
         survive, committed = 1.0, 1.0
         for k in range(1, max(min(self.draft_max, self.tokens_left - 1), 0) + 1):
@@ -269,7 +272,7 @@ class CostAwarePolicy:
     def ngram_draft(self, proposal: NgramProposal) -> list[Beta]:
         """The estimates behind the proposal's tokens worth drafting: as many as pay (none: draft nothing)."""
         keys = self._ngram_bet(proposal)
-        return keys[: self.best_length([estimate.mean for estimate in keys], 0.0)]
+        return keys[: self.best_length([estimate.mean for estimate in keys])]
 
     def _bet_cap(self, span: int) -> int:
         """The longest n-gram draft whose extra verification cost, should all of it be wrong, stays
@@ -289,7 +292,7 @@ class CostAwarePolicy:
         """Seconds of a target pass over k tokens at this step's context."""
         return self.costs.verify(k, self.context)
 
-    def best_length(self, acceptance: list[float], draft_seconds: float) -> int:
+    def best_length(self, acceptance: list[float]) -> int:
         """argmax over k of E[committed | k drafted] - R * (time of verifying k+1 tokens)."""
         rate = self.target_rate()
         best_k, best_value = 0, 1.0 - rate * self.cost(1)
@@ -297,7 +300,7 @@ class CostAwarePolicy:
         for k, a in enumerate(acceptance, start=1):
             survive *= a
             expected += survive
-            value = expected - rate * (self.cost(k + 1) + draft_seconds)
+            value = expected - rate * self.cost(k + 1)
             if value > best_value:
                 best_k, best_value = k, value
         return best_k
@@ -423,8 +426,16 @@ class CostAwarePolicy:
     def wants_target_sureness(self) -> bool:
         """Whether the target's top probability on the tokens it commits can still change a decision:
         while the draft model is cold and has shown nothing of its own (in an earlier turn), until
-        SURE_TARGET_TOKENS tokens have shown how sure the target is."""
-        return self.model_state == COLD and not self.draft_observed and self.sureness_seen < priors.SURE_TARGET_TOKENS
+        SURE_TARGET_TOKENS tokens have shown how sure the target is, and only where the raised prior
+        would make the draft model pay (on a CPU where a draft step costs 0.4-0.7 of a pass it would
+        not, and reading each committed row's top probability costs 0.3-0.5 ms there, a tenth of a
+        pass on a GPU)."""
+        return (
+            self.sureness_may_pay
+            and self.model_state == COLD
+            and not self.draft_observed
+            and self.sureness_seen < priors.SURE_TARGET_TOKENS
+        )
 
     def observe_target_sureness(self, top_probabilities: list[float]) -> None:
         """The target's top probability on each token a step committed. Once SURE_TARGET_TOKENS are
