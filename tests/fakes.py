@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -155,6 +156,8 @@ class FakeEngine:
         self.draft = FakeBackend(seed=seed, n_ctx=n_ctx) if with_draft else None
         self.strategies: list[str] = []
         self.kept = 0  # keep_learned calls: the command's end, when what auto learned goes to the cache
+        self.measured = True  # whether a cost curve is cached (False: `costs` measures it)
+        self.measure = lambda: None  # what measuring does (a test may raise KeyboardInterrupt: Ctrl-C meanwhile)
 
     def decoder(self, strategy: str | None = None) -> Decoder:
         strategy = strategy or "auto"
@@ -169,6 +172,17 @@ class FakeEngine:
             drafters.append(ModelDrafter(self.draft, 0.0))
         drafter = None if not drafters else drafters[0] if len(drafters) == 1 else ChainDrafter(drafters)
         return Decoder(self.target, drafter, fixed_budget(4))
+
+    def costs_known(self) -> bool:
+        return self.measured
+
+    def costs(self):
+        if not self.measured:
+            self.target.rewind(0)  # measuring uses the target's KV cache
+            self.target.evaluate([1, 2, 3], [])
+            self.measure()
+            self.measured = True
+        return SimpleNamespace(steady=True)  # what the chat reads of a curve
 
     def keep_learned(self) -> None:
         self.kept += 1

@@ -242,6 +242,23 @@ def test_second_ctrl_c_stops_mid_step_and_the_next_turn_reads_the_conversation_a
     assert second == reference_reply(history(("write code", partial)) + user("continue"), 40)
 
 
+def test_spec_auto_measures_the_cost_curve_and_ctrl_c_there_keeps_the_chat(capsys):
+    """A chat begun with another strategy on a machine with no cost curve measures it at `/spec auto`;
+    Ctrl-C while it measures keeps the strategy and the conversation, and the next turn is exact."""
+    engine = FakeEngine()
+    engine.measured = False
+    engine.measure = lambda: (_ for _ in ()).throw(KeyboardInterrupt())
+    loop, out = terminal_loop(engine, max_tokens=5)
+    loop.run(reader(["hi", "/spec auto", "again"]))
+    first, second = out.getvalue().splitlines()
+    assert "Measuring stopped: speculation stays ngram." in capsys.readouterr().err
+    assert loop.strategy == "ngram" and engine.strategies == ["ngram", "ngram"]  # a fresh decoder: the measuring used the cache
+    assert second == reference_reply(history(("hi", first)) + user("again"), 5)
+    engine.measure = lambda: None
+    loop.run(reader(["/spec auto"]))
+    assert engine.measured and loop.strategy == "auto" and "Speculation: auto" in capsys.readouterr().err
+
+
 def test_ctrl_c_at_the_prompt_says_how_to_leave_and_ctrl_d_leaves(capsys):
     loop, out = terminal_loop(FakeEngine(), max_tokens=5)
     loop.run(reader([KeyboardInterrupt(), '"""', "half", KeyboardInterrupt(), "hi", EOFError(), "never"]))

@@ -37,6 +37,7 @@ from specllm.cli.display import (
     summary_text,
     write_reply,
 )
+from specllm.cli.common import cost_curve
 from specllm.cli.interrupt import StopOnSignal
 from specllm.engine.decode import Done, StepDone, TokenCommitted
 from specllm.engine.stats import Stats
@@ -154,11 +155,28 @@ class ChatLoop:
         if strategy == "draft" and self.engine.draft is None:
             self.note("No draft model is loaded: start the chat with --draft PATH or a preset that has one. (unchanged)")
             return
+        if strategy == "auto" and not self._cost_curve():
+            return
         self.decoder = self.engine.decoder(strategy)  # clears the KV caches
         self.strategy = strategy
         alone = strategy in ("auto", "ngram+draft") and self.engine.draft is None
         alone = " (no draft model loaded: the n-gram cache alone)" if alone else ""
         self.note(f"Speculation: {strategy}{alone}. The next turn reads the conversation again.")
+
+    def _cost_curve(self) -> bool:
+        """`auto` plans by this machine's cost curve: where none is cached for these models it is
+        measured now (1-3 min on 2 cores, said on stderr, as at the start of a chat). At a terminal
+        Ctrl-C stops the measuring and keeps the strategy and the conversation (False)."""
+        try:
+            cost_curve(self.engine, announce=self.err.isatty())
+        except KeyboardInterrupt:
+            if not self.interactive:
+                raise
+            self.err.write("\n")
+            self.decoder = self.engine.decoder(self.strategy)  # the measuring used the target's cache: the next turn reads the conversation again
+            self.note(f"Measuring stopped: speculation stays {self.strategy}.")
+            return False
+        return True
 
     def stats_text(self) -> str:
         s, n_ctx = self.session, self.engine.target.n_ctx
