@@ -353,18 +353,19 @@ def vocab_size(stream, data) -> int:
 
 def _run_auto(stream, data, sequence, record, costs, draft_max, clock) -> float:
     """Seconds `--spec auto` spends generating the recorded text (its prefill apart) on the virtual clock."""
-    from specllm.engine.auto import AutoDrafter
-    from specllm.engine.decode import Decoder
-    from specllm.engine.drafters import ModelDrafter, NgramDrafter
-    from specllm.engine.policy import CostAwarePolicy
+    from specllm.engine.auto import auto_drafter
+    from specllm.engine.decode import Decoder, all_the_room
+    from specllm.engine.drafters import ModelDrafter
+    from specllm.session import SpecConfig
 
     n_vocab = vocab_size(stream, data)
     eog = end_token(stream, data["eog"])
     target = ReplayBackend(sequence, eog, n_vocab, costs, clock, len(stream["prompt"]), stream.get("target_confidence", ()))
     model = ModelDrafter(ReplayDraftBackend(sequence, record, n_vocab, costs, clock, eog), 0.0, n_vocab) if record else None
     sentence_ends = frozenset(data.get("sentence_ends", ()))  # the target's tokens that end a sentence (none in old recordings)
-    policy = CostAwarePolicy(costs.copy(), draft_max=draft_max, has_draft_model=model is not None, sentence_end=sentence_ends.__contains__)
-    decoder = Decoder(target, AutoDrafter(NgramDrafter(2, 4, target.is_eog), model, policy), lambda history, limit: limit)
+    spec = SpecConfig()  # the n-gram sizes a user's `auto` has
+    drafter = auto_drafter(costs.copy(), draft_max, model, (spec.ngram_min, spec.ngram_max), target.is_eog, sentence_ends.__contains__)
+    decoder = Decoder(target, drafter, all_the_room)
     return time_generation(decoder, stream, data["max_tokens"], clock)
 
 

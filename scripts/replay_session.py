@@ -132,23 +132,23 @@ def simulate(data: dict, costs, draft_max: int) -> list[dict]:
 
 
 def _drafter(costs, draft_max: int, sentence_ends: frozenset[int]):
-    from specllm.engine.auto import AutoDrafter
-    from specllm.engine.drafters import NgramDrafter
-    from specllm.engine.policy import CostAwarePolicy
+    from specllm.engine.auto import auto_drafter
+    from specllm.session import SpecConfig
 
-    return AutoDrafter(NgramDrafter(2, 4, lambda token: False), None, CostAwarePolicy(costs.copy(), draft_max=draft_max, sentence_end=sentence_ends.__contains__))
+    spec = SpecConfig()  # the n-gram sizes a user's `auto` has
+    return auto_drafter(costs.copy(), draft_max, None, (spec.ngram_min, spec.ngram_max), sentence_end=sentence_ends.__contains__)
 
 
 def _generate(stream, sequence, data, drafter, costs, clock) -> float:
     """Seconds `auto` spends generating the recorded answer (its prefill apart) with `drafter`."""
-    from specllm.engine.decode import Decoder
+    from specllm.engine.decode import Decoder, all_the_room
 
     eog = replay_policy.end_token(stream, data["eog"])
     target = replay_policy.ReplayBackend(sequence, eog, replay_policy.vocab_size(stream, data), costs, clock, len(stream["prompt"]))
     drafter.ngram.ends_generation = target.is_eog
     # A new decoder reads the whole prompt (not timed); the drafter compares it with what it holds,
     # as the server's does, and remembers what the new prompt abandons.
-    decoder = Decoder(target, drafter, lambda history, limit: limit)
+    decoder = Decoder(target, drafter, all_the_room)
     return replay_policy.time_generation(decoder, stream, stream["max_tokens"], clock)
 
 

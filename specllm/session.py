@@ -12,7 +12,7 @@ from pathlib import Path
 
 from specllm.backend import DeferredBackend, LlamaBackend, LoadOptions, system_info
 from specllm.chat import encode_messages, encode_raw, thinking_variables
-from specllm.engine.auto import AutoDrafter
+from specllm.engine.auto import auto_drafter
 from specllm.engine.costmodel import (
     CALIBRATION_METHOD,
     CostModel,
@@ -23,10 +23,9 @@ from specllm.engine.costmodel import (
     save_costs,
     save_learned,
 )
-from specllm.engine.decode import Decoder, fixed_budget
+from specllm.engine.decode import Decoder, all_the_room, fixed_budget
 from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
 from specllm.engine.ngram import ends_sentence
-from specllm.engine.policy import CostAwarePolicy
 from specllm.errors import SpecllmError, UsageError
 from specllm.models import gguf, hfnames
 
@@ -101,10 +100,14 @@ class Engine:
         if draft_info is not None:
             # `auto` loads the draft model when it first consults it, and on most CPUs that is never
             self.draft = DeferredBackend(paths.draft, replace(draft_options, n_ctx=self.target.n_ctx))
-            if draft_info.tokens_digest != target_info.tokens_digest:
-                check_vocab_texts(self.target, self.draft.load())
-            if spec.strategy != "auto":
-                self.draft.load()  # the fixed strategies draft with it from the first step
+            try:
+                if draft_info.tokens_digest != target_info.tokens_digest:
+                    check_vocab_texts(self.target, self.draft.load())
+                if spec.strategy != "auto":
+                    self.draft.load()  # the fixed strategies draft with it from the first step
+            except BaseException:  # a draft that fails to load or to match frees the target now, not at exit
+                self.close()
+                raise
 
     def encode(self, text: str, system: str | None = None, raw: bool = False, think: bool = True) -> list[int]:
         """A user prompt as target tokens: through the chat template, or as is with `raw`;
@@ -115,13 +118,12 @@ class Engine:
         messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text}]
         return encode_messages(self.target, messages, variables=thinking_variables(self.target, think))
 
-    def costs(self, max_batch: int | None = None) -> CostModel:
+    def costs(self) -> CostModel:
         """This machine's cost curve for these models: from the cost cache when it matches, else measured."""
-        max_batch = max_batch or self.max_batch
-        if not self.costs_known(max_batch):
-            self._costs = measure_costs(self.target, self.draft.load() if self.draft else None, max_batch=max_batch)
+        if not self.costs_known():
+            self._costs = measure_costs(self.target, self.draft.load() if self.draft else None, max_batch=self.max_batch)
             if self._costs.steady:  # a curve timed while other work shared the cores serves this run only
-                save_costs(self.cost_cache, self._cost_key(max_batch), self._costs)
+                save_costs(self.cost_cache, self._cost_key(self.max_batch), self._costs)
         return self._costs
 
     def learned_costs(self) -> CostModel:
@@ -150,12 +152,12 @@ class Engine:
         if self._learned is not None and self._learned.passes > self.learned_before:
             save_learned(self.cost_cache, self._learned_key, self._costs, self._learned)
 
-    def costs_known(self, max_batch: int | None = None) -> bool:
-        """Whether `costs` can answer without measuring: held already, or cached for this machine and these models."""
-        max_batch = max_batch or self.max_batch
-        sizes = batch_sizes(max_batch, self.target.n_ctx)
+    def costs_known(self) -> bool:
+        """Whether `costs` can answer without measuring: held already, or cached for this machine and
+        these models (then loaded, to be held)."""
+        sizes = batch_sizes(self.max_batch, self.target.n_ctx)
         if self._costs is None or max(self._costs.batch_seconds) < sizes[-1]:
-            self._costs = load_costs(self.cost_cache, self._cost_key(max_batch))
+            self._costs = load_costs(self.cost_cache, self._cost_key(self.max_batch))
         return self._costs is not None
 
     def _cost_key(self, max_batch: int) -> str:
@@ -178,16 +180,18 @@ class Engine:
         self.target.rewind(0)
         if self.draft is not None:
             self.draft.rewind(0)
-        ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, self.target.is_eog)
         if spec.strategy == "auto":
             model = ModelDrafter(self.draft, spec.draft_p_min, self.target.n_vocab) if self.draft else None
-            policy = CostAwarePolicy(
-                self.learned_costs(),
-                draft_max=self.max_batch - 1,
-                has_draft_model=model is not None,
-                sentence_end=functools.cache(lambda token: ends_sentence(self.target.token_bytes(token))),
+            drafter = auto_drafter(
+                self.learned_costs(),  # refined in place: what the passes teach it is kept (`keep_learned`)
+                self.max_batch - 1,
+                model,
+                (spec.ngram_min, spec.ngram_max),
+                self.target.is_eog,
+                functools.cache(lambda token: ends_sentence(self.target.token_bytes(token))),
             )
-            return Decoder(self.target, AutoDrafter(ngram, model, policy), lambda history, limit: limit)
+            return Decoder(self.target, drafter, all_the_room)
+        ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, self.target.is_eog)
         model = ModelDrafter(self.draft.load(), spec.draft_p_min, self.target.n_vocab) if self.draft and spec.uses_draft_model else None
         drafters = {
             "off": [],
@@ -237,7 +241,7 @@ def pick_draft(target: Path, candidates: list[tuple[str, Path, bool]]) -> DraftC
     """`--draft auto`: of (label, path, paired by a preset) candidates, one whose vocabulary passes the
     same header check as `--draft` and which is much smaller; the preset's pairing first, then an
     identical token list, then the smallest. Candidates that do not fit are named in the reason."""
-    target_info, target_size = gguf.inspect(target), model_bytes(target)
+    target_info, target_size = gguf.inspect(target), hfnames.bytes_on_disk(target)
     fits, refused = [], []
     for label, path, paired in candidates:
         if path.resolve() == Path(target).resolve():
@@ -248,7 +252,7 @@ def pick_draft(target: Path, candidates: list[tuple[str, Path, bool]]) -> DraftC
         except SpecllmError as exc:
             refused.append(f"{label}: {str(exc).rsplit(': ', 1)[-1]}")
             continue
-        size = model_bytes(path)
+        size = hfnames.bytes_on_disk(path)
         if size > DRAFT_AUTO_MAX_SHARE * target_size:
             refused.append(f"{label}: not much smaller ({size / target_size:.2f} of the target's size)")
             continue
@@ -262,12 +266,3 @@ def pick_draft(target: Path, candidates: list[tuple[str, Path, bool]]) -> DraftC
     return DraftChoice(path, why + ("; the preset pairs them" if not not_paired else ""))
 
 
-def model_bytes(path: Path) -> int:
-    """A model's size on disk: every part of a split GGUF, found beside its first part."""
-    path = Path(path)
-    split = hfnames.split_of(path.name)
-    if split is None:
-        return path.stat().st_size
-    prefix, _, count = split
-    parts = [path.with_name(f"{Path(prefix).name}-{n:05d}-of-{count:05d}.gguf") for n in range(1, count + 1)]
-    return sum(p.stat().st_size for p in parts if p.exists())

@@ -527,3 +527,20 @@ def test_rows_keep_one_strategy_order_in_every_category():
     rows = summarize(runs, COSTS, greedy=True)
     for category in ("a", "b", "all"):
         assert [r["strategy"] for r in rows if r["category"] == category] == ["off", "ngram", "auto"]
+
+
+def test_a_strategys_runs_add_up_every_count():
+    """A row sums its runs: every count and time, the prompt tokens reused from the KV cache (a
+    `--warm` bench's) included, and the drafts by source and position."""
+    def run(reused, drafted, accepted):
+        stats = Stats(prompt_tokens=100, reused_tokens=reused, prefill_seconds=0.5, tokens=10, committed=11,
+                      target_passes=4, drafted=drafted, accepted=accepted, seconds=1.0, finish_reason="length")  # fmt: skip
+        stats.by_source["ngram"] = SourceStats(steps=2, drafted=drafted, accepted=accepted, lengths={drafted // 2: 2})
+        stats.per_position = [[2, 2], [2, 1]][: drafted // 2]
+        return stats
+
+    total = Stats().merge(run(30, 4, 3)).merge(run(0, 2, 1))
+    assert (total.prompt_tokens, total.reused_tokens, total.tokens, total.committed, total.target_passes) == (200, 30, 20, 22, 8)
+    assert (total.drafted, total.accepted, total.seconds, total.prefill_seconds) == (6, 4, 2.0, 1.0)
+    assert total.by_source["ngram"] == SourceStats(steps=4, drafted=6, accepted=4, lengths={2: 2, 1: 2})
+    assert total.per_position == [[4, 4], [2, 1]] and total.finish_reason is None

@@ -270,7 +270,7 @@ def test_a_flash_attention_setting_has_a_curve_of_its_own(tiny_pair, tmp_path):
         if setting == "auto":
             save_costs(cache, keys[setting], SECOND_A_PASS)
         else:
-            assert not engine.costs_known(32)  # the default setting's curve does not serve it
+            assert not engine.costs_known()  # the default setting's curve does not serve it
         engine.close()
     assert len(set(keys.values())) == 3 and "flash attention" not in keys["auto"] and keys["off"].endswith("|flash attention off")
 

@@ -235,6 +235,19 @@ def test_drafts_end_at_an_end_of_generation_token():
     assert len(free) == 8 and stopped == free[:3]
 
 
+def test_a_draft_models_tokens_past_the_targets_end_token_are_never_drafted():
+    """A draft model whose end tokens are not the target's drafts on past the target's end: those
+    tokens cannot be committed, so they are neither verified nor counted."""
+    reference = generate_plain(FakeBackend(seed=0), PROMPT, 30, GREEDY, np.random.default_rng(0))
+    eog = reference[5]
+    target = FakeBackend(seed=0, eog=eog)
+    done, events = _run(Decoder(target, ModelDrafter(FakeBackend(seed=0), p_min=0.0), fixed_budget(8)), PROMPT, 30, GREEDY)
+    assert done.finish_reason == "stop" and done.tokens == reference[: reference.index(eog)]
+    steps = [e for e in events if isinstance(e, StepDone)]
+    assert sum(s.committed for s in steps) == len(done.tokens) + 1  # the end token too, and nothing after it
+    assert target.evaluations[1:] == [s.drafted + 1 for s in steps] and all(s.accepted == s.drafted for s in steps)
+
+
 def test_max_tokens_is_exact_and_kv_holds_history_minus_last():
     target = FakeBackend(seed=0)
     decoder = Decoder(target, NgramDrafter(1, 3), fixed_budget(8))

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specllm.cli import app, main
+from specllm.models import hub
 
 DATA = b"GGUF" + bytes(range(256)) * 8
 
@@ -208,6 +209,20 @@ def test_rm_takes_hf_names_as_run_chooses_among_the_cached_files(home, capsys):
         "hf:org/Repo-GGUF:Q2_K: not in the cache",
     ]
     assert [p.name for p in folder.iterdir()] == ["a-Q5_K_M.gguf"]
+
+
+def test_models_lists_a_split_download_stopped_between_its_parts(home):
+    """A split download stopped after its first part was verified: `models` lists what is there,
+    rather than failing on the missing part."""
+    folder = home / "cache" / "models" / "hf" / "org" / "Repo-GGUF"
+    folder.mkdir(parents=True)
+    first = folder / "a-Q4_K_M-00001-of-00003.gguf"
+    first.write_bytes(b"x" * 500)
+    hub._write_sidecar(first, "0" * 64)
+    (folder / "a-Q4_K_M-00002-of-00003.gguf.part").write_bytes(b"x" * 20)
+    result = CliRunner().invoke(app, ["models", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["hf_downloads"] == [{"path": str(first), "size": 500}]
 
 
 def test_rm_of_a_split_download_stopped_in_its_first_part_deletes_it(home):

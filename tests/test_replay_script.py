@@ -378,7 +378,7 @@ def test_passes_timed_exactly_as_the_curve_prices_them_teach_auto_nothing_new(mo
             super().__init__(costs, *args, **kwargs)
             learned.append(costs)
 
-    monkeypatch.setattr("specllm.engine.policy.CostAwarePolicy", Watched)
+    monkeypatch.setattr("specllm.engine.auto.CostAwarePolicy", Watched)  # what `auto_drafter` builds
     replay, data = _load(), json.loads((DATA / "dev-streams.json").read_text())
     data["streams"] = [s for s in data["streams"] if s["category"] in ("qa", "translation")]
     curve = replay.load_curve(str(DATA / "gpu-rtx3090-32b-estimated.json"), 32)  # the draft model: the main source there

@@ -477,7 +477,7 @@ def test_a_client_that_disconnects_mid_stream_stops_its_generation(paced_server)
             break
     stream.close()  # the connection goes away
     until(lambda: service.worker.served == 1, "the generation to stop")
-    result = service.worker.history[-1]
+    result = service.worker.recent[-1]
     assert result.finish_reason == "interrupted" and result.stats.tokens < 200  # 400 at 0.02 s a step: 8 s
     assert chat(url, "still there?", max_tokens=2).choices[0].message.content is not None
 
@@ -496,7 +496,7 @@ def test_an_aborted_generation_is_an_error_not_a_finished_answer(paced_server):
                 service.worker.stop_accepting()
                 service.worker.abort()
     assert "cut short" in str(cut.value) and seen >= 3
-    assert service.worker.history[-1].finish_reason == "interrupted"
+    assert service.worker.recent[-1].finish_reason == "interrupted"
 
 
 def test_tokens_past_a_stop_string_are_not_counted(tiny_server):
@@ -584,16 +584,20 @@ def test_what_auto_learned_of_the_costs_is_kept_when_the_server_stops(tiny_pair,
     assert entry["learned"]["passes"] > 0 and CostModel.from_dict(entry) == calibrated
 
 
-def test_a_port_in_use_is_one_error_line(tiny_pair):
+def test_a_port_in_use_is_one_error_line_before_any_model_loads(tiny_pair, tmp_path):
+    """Said at once, not after loading the models (and measuring their costs, minutes): a model
+    that is not there is not even looked at."""
     sock = listen("127.0.0.1", 0)
     try:
         port = sock.getsockname()[1]
-        result = subprocess.run([sys.executable, "-m", "specllm", "serve", "-m", str(tiny_pair[0]), "--spec", "off",
-                                 "--port", str(port), "-c", str(N_CTX)], capture_output=True, text=True, timeout=WAIT)  # fmt: skip
+        results = [subprocess.run([sys.executable, "-m", "specllm", "serve", "-m", str(model), "--spec", "off",
+                                   "--port", str(port), "-c", str(N_CTX)], capture_output=True, text=True, timeout=WAIT)
+                   for model in (tiny_pair[0], tmp_path / "missing.gguf")]  # fmt: skip
     finally:
         sock.close()
-    assert result.returncode == 1
-    assert result.stderr.startswith(f"Error: cannot listen on 127.0.0.1:{port}") and result.stderr.count("\n") == 1
+    for result in results:
+        assert result.returncode == 1
+        assert result.stderr.startswith(f"Error: cannot listen on 127.0.0.1:{port}") and result.stderr.count("\n") == 1
 
 
 # -- the default pair: the server's text is `specllm run`'s -------------------------------------

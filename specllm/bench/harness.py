@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -109,7 +109,7 @@ def summarize(runs: list[Run], costs: CostModel | None, greedy: bool, ngram_size
 def _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy) -> dict:
     total = Stats()
     for run in group:
-        _merge(total, run.stats)
+        total.merge(run.stats)
     tok_s = _tok_per_s(group)
     speedup = tok_s / off_tok_s if off_tok_s else None
     compared = [(run, plain) for run, plain in _paired(group, off or []) if text_should_equal_off(run, greedy)]
@@ -155,23 +155,6 @@ def _time_split(total: Stats) -> dict[str, float]:
         "draft_model": round(total.model_seconds / total.seconds, 4),
         "verify": round(total.verify_seconds / total.seconds, 4),
     }
-
-
-def _merge(total: Stats, part: Stats) -> None:
-    for name in ("prompt_tokens", "prefill_seconds", "tokens", "committed", "target_passes", "drafted", "accepted", "seconds", "draft_seconds", "model_seconds", "verify_seconds"):
-        setattr(total, name, getattr(total, name) + getattr(part, name))
-    for name, source in part.by_source.items():
-        mine = total.by_source.setdefault(name, type(source)())
-        mine.steps += source.steps
-        mine.drafted += source.drafted
-        mine.accepted += source.accepted
-        for length, count in source.lengths.items():
-            mine.lengths[length] = mine.lengths.get(length, 0) + count
-    for i, (d, a) in enumerate(part.per_position):
-        if i == len(total.per_position):
-            total.per_position.append([0, 0])
-        total.per_position[i][0] += d
-        total.per_position[i][1] += a
 
 
 def _tok_per_s(group: list[Run]) -> float:
@@ -315,8 +298,3 @@ def oracle_speedup(off: list[Run], costs: CostModel, ngram_sizes=(2, 4)) -> floa
         plain += plain_cost(run.prompt_tokens, run.tokens, costs)
         spent += oracle_cost(run.prompt_tokens, run.tokens, costs, ngram_sizes, max_draft)
     return plain / spent if spent else None
-
-
-# -- progress ----------------------------------------------------------------------------
-
-ProgressFn = Callable[[Run], None]

@@ -44,8 +44,7 @@ def pull(
     if name and hfnames.is_hf_name(name):
         with c.download_progress() as progress:
             path = store.resolve_hf(name, refresh=True, progress=progress)
-        parts = _parts_beside(path)
-        _say(c.stderr, f"{name}: {_size(sum(p.stat().st_size for p in parts))} in {len(parts)} file(s) ok  {path}")
+        _say(c.stderr, f"{name}: {_size(hfnames.bytes_on_disk(path))} in {len(hfnames.parts_beside(path))} file(s) ok  {path}")
         return
     reg = catalog.load_registry()
     name = name or catalog.default_preset(reg).name
@@ -143,19 +142,10 @@ def describe_models(reg: catalog.Registry) -> dict:
          "hardware": p.hardware, "default": p.name == reg.default}
         for p in reg.presets.values()
     ]  # fmt: skip
-    downloads = [{"path": str(p), "size": sum(x.stat().st_size for x in _parts_beside(p))}
+    downloads = [{"path": str(p), "size": hfnames.bytes_on_disk(p)}
                  for p in store.cached_files() if "hf" in p.relative_to(cache / "models").parts[:1]]  # fmt: skip
     return {"default": reg.default, "presets": presets, "models": models, "hf_downloads": downloads,
             "cache_dir": str(cache), "user_file": str(catalog.user_config_path())}  # fmt: skip
-
-
-def _parts_beside(path) -> list:
-    """A split GGUF's parts (named like the first one) beside it; else just the file."""
-    split = hfnames.split_of(path.name)
-    if split is None:
-        return [path]
-    prefix, _, count = split
-    return [path.with_name(f"{prefix}-{n:05d}-of-{count:05d}.gguf") for n in range(1, count + 1)]
 
 
 def _presets_table(listing: dict) -> Table:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 
+from specllm.engine.costmodel import CostModel
 from specllm.engine.drafters import Draft, ModelDrafter, NgramDrafter, max_softmax
 from specllm.engine.estimates import Beta
 from specllm.engine.policy import CostAwarePolicy
@@ -158,3 +160,19 @@ class AutoDrafter:
             source, len(draft.tokens), accepted, draft_seconds - loading + verify_seconds, self._keys, model_drafted, self._model_from, model_seconds
         )
         self._asked = False
+
+
+def auto_drafter(
+    costs: CostModel,
+    draft_max: int,
+    model: ModelDrafter | None = None,
+    ngram_sizes: tuple[int, int] = (2, 4),
+    ends_generation: Callable[[int], bool] = lambda token: False,
+    sentence_end: Callable[[int], bool] = lambda token: False,
+) -> AutoDrafter:
+    """`--spec auto`'s drafter, wired alike wherever it runs (a command's engine, the replays that judge
+    the policy): the n-gram cache (n-grams of `ngram_sizes`; the target's end tokens end its copies),
+    the draft model when there is one, and the policy deciding by `costs` (its own copy to refine),
+    with drafts of at most `draft_max` tokens; `sentence_end` tells the target's tokens that end a sentence."""
+    policy = CostAwarePolicy(costs, draft_max=draft_max, has_draft_model=model is not None, sentence_end=sentence_end)
+    return AutoDrafter(NgramDrafter(*ngram_sizes, ends_generation), model, policy)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from specllm.engine.decode import Done, PrefillDone, StepDone, TokenCommitted
 
@@ -72,6 +72,26 @@ class Stats:
         for i in range(step.drafted):
             self.per_position[i][0] += 1
             self.per_position[i][1] += i < step.accepted
+
+    def merge(self, other: "Stats") -> "Stats":
+        """Add another generation's statistics to these (a benchmark's runs of one strategy)."""
+        for name in (f.name for f in fields(self)):
+            value = getattr(other, name)
+            if isinstance(value, (int, float)):  # the counts and seconds; not the finish reason
+                setattr(self, name, getattr(self, name) + value)
+        for name, source in other.by_source.items():
+            mine = self.by_source.setdefault(name, SourceStats())
+            mine.steps += source.steps
+            mine.drafted += source.drafted
+            mine.accepted += source.accepted
+            for length, count in source.lengths.items():
+                mine.lengths[length] = mine.lengths.get(length, 0) + count
+        for i, (drafted, accepted) in enumerate(other.per_position):
+            if i == len(self.per_position):
+                self.per_position.append([0, 0])
+            self.per_position[i][0] += drafted
+            self.per_position[i][1] += accepted
+        return self
 
     @property
     def acceptance_rate(self) -> float:

@@ -96,7 +96,7 @@ def verify(
 
 
 class _WarpedRows:
-    """Target probabilities warped row by row on first use: rows after a rejection are never needed."""
+    """Target probabilities warped row by row as they are asked for: rows after a rejection are never warped."""
 
     def __init__(self, logits: np.ndarray, params: SamplingParams):
         self.logits, self.params = logits, params

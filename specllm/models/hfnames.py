@@ -64,6 +64,22 @@ def split_of(path: str) -> tuple[str, int, int] | None:
     return (match["prefix"], int(match["no"]), int(match["count"])) if match else None
 
 
+def parts_beside(path: Path) -> list[Path]:
+    """A split GGUF's parts, named like its first part and beside it; else just the file."""
+    path = Path(path)
+    split = split_of(path.name)
+    if split is None:
+        return [path]
+    prefix, _, count = split
+    return [path.with_name(f"{prefix}-{n:05d}-of-{count:05d}.gguf") for n in range(1, count + 1)]
+
+
+def bytes_on_disk(path: Path) -> int:
+    """A GGUF's size on disk, every part of a split one that is there (a download stopped between
+    parts leaves some of them)."""
+    return sum(part.stat().st_size for part in parts_beside(path) if part.exists())
+
+
 def folder(cache: Path, name: HfName) -> Path:
     """Where a repository's files are cached: <cache>/models/hf/ORG/REPO/<path in the repository>."""
     return Path(cache) / "models" / "hf" / Path(*name.repo.split("/"))

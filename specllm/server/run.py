@@ -6,6 +6,7 @@ request finish; a second one aborts it at its next step. Either way `serve` retu
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import threading
@@ -57,6 +58,7 @@ class Server(uvicorn.Server):
         if threading.current_thread() is not threading.main_thread():
             yield
             return
+        self.loop = asyncio.get_running_loop()  # uvicorn enters this in its loop
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
@@ -65,9 +67,11 @@ class Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
+        """Runs in the main thread between two of its bytecodes, perhaps while the event loop there
+        holds the job queue's lock (adding a job): the queue is drained from the loop, not here."""
         self.signals += 1
         self.should_exit = True
-        self.service.worker.stop_accepting()
+        self.loop.call_soon_threadsafe(self.service.worker.stop_accepting)
         if self.signals > 1:
             self.force_exit = True
             self.service.worker.abort()
@@ -82,6 +86,7 @@ class Server(uvicorn.Server):
             self.sock.close()
 
 
-def serve(service: Service, host: str, port: int, on_ready: Callable[[str, int], None] | None = None,
+def serve(service: Service, sock: socket.socket, on_ready: Callable[[str, int], None] | None = None,
           log_level: str = "warning") -> None:  # fmt: skip
-    Server(service, listen(host, port), on_ready, log_level).serve_forever()
+    """Serve on `sock` (from `listen`, taken before the models load: a port in use is said at once)."""
+    Server(service, sock, on_ready, log_level).serve_forever()

@@ -139,7 +139,7 @@ class Worker:
         self.aborting = threading.Event()
         self.busy = False
         self.served = 0
-        self.history: list[Result] = []  # the last few results (tests and /health look at them)
+        self.recent: list[Result] = []  # the last few requests' results (for tests)
         self._thread = threading.Thread(target=self._run, name="specllm-worker", daemon=True)
 
     def start(self) -> None:
@@ -261,7 +261,7 @@ class Worker:
             job.post("text", tail)
         result = Result("".join(pieces), done.finish_reason, text.stopped, stats, indent.stopped or timed_out)
         self.served += 1
-        self.history = (self.history + [result])[-16:]
+        self.recent = (self.recent + [result])[-16:]
         if done.finish_reason == "interrupted" and self.aborting.is_set() and not (text.stopped or result.cut):  # a second signal
             job.post("error", busy(f"{SHUTTING_DOWN}: this generation was cut short after {stats.tokens} tokens"))
         else:
