@@ -7,3 +7,9 @@ class SpecllmError(Exception):
 
 class UsageError(SpecllmError):
     """A flag or argument that cannot work (exit code 2)."""
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line, at most `limit` characters (its type's name when it has none)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

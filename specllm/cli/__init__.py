@@ -12,7 +12,7 @@ import typer
 from specllm.cli import bench_cmd, chat_cmd, models_cmd, run_cmd, serve_cmd  # noqa: E402,F401 - each registers its commands
 from specllm.cli.app import app
 from specllm.cli.interrupt import Terminated
-from specllm.errors import SpecllmError, UsageError
+from specllm.errors import SpecllmError, UsageError, one_line
 
 # Typer re-exports click's exception classes, or (Typer >= 0.2x, which no longer needs click) those
 # of the click copy it vendors: take them from Typer, so either kind of install is mapped.
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - a bug: still one line, the traceback on request
         if os.environ.get("SPECLLM_DEBUG"):
             raise
-        _error(f"unexpected {type(exc).__name__}: {_one_line(exc)} (a bug; SPECLLM_DEBUG=1 shows the traceback)")
+        _error(f"unexpected {type(exc).__name__}: {one_line(exc)} (a bug; SPECLLM_DEBUG=1 shows the traceback)")
         sys.exit(1)
     _flush_stdout()
 
@@ -101,13 +101,8 @@ def _usage_error(exc, subcommand: str | None = None) -> None:
 
 
 def _describe_os_error(exc: OSError) -> str:
-    reason = exc.strerror or _one_line(exc)
+    reason = exc.strerror or one_line(exc)
     return f"{exc.filename}: {reason}" if exc.filename else f"cannot write the output: {reason}"
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:297] + "..." if len(text) > 300 else text
 
 
 def _raise_terminated(signum, frame):  # noqa: ARG001

