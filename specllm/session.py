@@ -13,16 +13,8 @@ from pathlib import Path
 from specllm.backend import DeferredBackend, LlamaBackend, LoadOptions, system_info
 from specllm.chat import encode_messages, encode_raw, thinking_variables
 from specllm.engine.auto import auto_drafter
-from specllm.engine.costmodel import (
-    CALIBRATION_METHOD,
-    CostModel,
-    batch_sizes,
-    load_costs,
-    load_learned,
-    measure_costs,
-    save_costs,
-    save_learned,
-)
+from specllm.costs_cache import load_costs, load_learned, save_costs, save_learned
+from specllm.engine.costmodel import CALIBRATION_METHOD, CostModel, batch_sizes, measure_costs
 from specllm.engine.decode import Decoder, all_the_room, fixed_budget
 from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
 from specllm.engine.ngram import ends_sentence

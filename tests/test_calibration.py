@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from specllm.backend import LoadOptions
+from specllm.costs_cache import load_costs, load_learned, save_costs
 from specllm.engine import costmodel
-from specllm.engine.costmodel import CostModel, load_costs, load_learned, measure_costs, save_costs
+from specllm.engine.costmodel import CostModel, measure_costs
 from specllm.engine.sampling import SamplingParams
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.cli_helpers import specllm_here

@@ -27,6 +27,7 @@ RANK = {  # module prefix -> layer
     "specllm.backend": 2,
     "specllm.models": 2,
     "specllm.chat": 2,
+    "specllm.costs_cache": 2,
     "specllm.session": 3,
     "specllm.bench": 4,
     "specllm.server": 5,
@@ -96,6 +97,17 @@ def test_the_engine_imports_only_itself_and_errors():
     for module, targets in graph().items():
         if module.startswith("specllm.engine"):
             assert all(t.startswith("specllm.engine") or t == "specllm.errors" for t in targets), (module, targets)
+
+
+FILE_AND_PROCESS_IO = {"os", "io", "json", "pathlib", "tempfile", "shutil", "fcntl", "subprocess", "socket", "sys"}
+
+
+def test_the_engine_does_no_io():
+    """The lossless core reads no file, environment or stream (the cost cache lives in `costs_cache`)."""
+    known = frozenset(module_name(p) for p in PACKAGE.rglob("*.py"))
+    for path in (PACKAGE / "engine").glob("*.py"):
+        used = {name.split(".")[0] for name in imports_of(path, known)}
+        assert not used & FILE_AND_PROCESS_IO, (path.name, used & FILE_AND_PROCESS_IO)
 
 
 def test_no_import_cycle():

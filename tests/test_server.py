@@ -24,7 +24,8 @@ import openai
 import pytest
 
 from specllm.backend import LlamaBackend, LoadOptions
-from specllm.engine.costmodel import CostModel, save_costs
+from specllm.costs_cache import save_costs
+from specllm.engine.costmodel import CostModel
 from specllm.engine.decode import StepDone
 from specllm.engine.sampling import SamplingParams, warp
 from specllm.server.app import Service
