@@ -155,7 +155,7 @@ def test_preset_whose_model_cannot_be_fetched_says_where_to_put_it(home):
     )
     done = specllm_here(home, "run", "-m", "p", "-p", "hi")
     cached = Path(home["SPECLLM_CACHE"]) / "models" / "mine.gguf"
-    assert_one_error(done, 1, "could not download mine: no sources configured", f"place the file at {cached}")
+    assert_one_error(done, 1, "mine has no source to download it from (no hf_repo, no mirrors)", f"place the file at {cached}")
     assert cache_leftovers(home) == []
 
 
@@ -308,6 +308,7 @@ def test_out_of_bounds_flags_are_usage_errors(home, tiny_pair, flags, problem):
         (["chat", "--top-p", "2"], "--top-p must be in [0, 1]"),
         (["bench", "--repeats", "0"], "--repeats and --limit must be at least 1"),
         (["bench", "--strategies", "off,fast"], "unknown strategies fast"),
+        (["bench", "--strategies", ","], "--strategies ',' names no strategy"),
         (["bench", "--categories", ",,"], "--categories ',,' names no category"),
         (["bench", "--categories", "code_edit,sumarization"], "built-in workloads: no category sumarization; its categories: "),
         (["bench", "--json", "/no/such/folder/out.json"], "--json /no/such/folder/out.json: the folder /no/such/folder does not exist"),
@@ -316,7 +317,7 @@ def test_out_of_bounds_flags_are_usage_errors(home, tiny_pair, flags, problem):
         (["run", "-p", "hi", "--json=true"], "Option '--json' does not take a value. (see `specllm run --help`)"),
         (["launch"], "No such command 'launch'"),
     ],
-    ids=["chat top-p", "bench repeats", "bench strategies", "bench categories", "bench category misspelt", "bench json folder", "serve log level", "missing value", "flag given a value", "unknown command"],
+    ids=["chat top-p", "bench repeats", "bench strategies", "bench no strategy", "bench categories", "bench category misspelt", "bench json folder", "serve log level", "missing value", "flag given a value", "unknown command"],
 )
 def test_other_usage_errors(home, args, problem):
     assert_one_error(specllm_here(home, *args), 2, problem)

@@ -400,7 +400,7 @@ BAD_ROWS = {
     "no turns": ('{"question_id": 1, "turns": []}', "'turns' must be a list of non-empty strings"),
     "turns missing": ('{"question_id": 1}', "'turns' must be a list of non-empty strings"),
     "an array": ('[1, 2]', "a Spec-Bench row is a JSON object"),
-    "a question_id taken already": ('{"question_id": 0, "turns": ["again"]}', "question_id 0 is taken already (line 1)"),
+    "a question_id taken already": ('{"question_id": 0, "turns": ["again"]}', "question_id 0 is taken already (line 1, by its question_id)"),
     "not JSON": ('{"question_id": 1,', "not JSON (Expecting property name enclosed in double quotes at character 19)"),
 }
 
@@ -413,6 +413,14 @@ def test_a_malformed_prompt_row_is_one_clear_error_naming_its_line(tmp_path, nam
     with pytest.raises(SpecllmError) as error:
         load_prompts(path)
     assert str(error.value).startswith(f"{path}:3: {message}")
+
+
+def test_a_row_without_a_question_id_is_known_by_its_line_number_and_a_clash_says_so(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"category": "qa", "turns": ["Say hi."]}\n{"question_id": 1, "turns": ["again"]}\n')
+    with pytest.raises(SpecllmError) as error:
+        load_prompts(path)
+    assert str(error.value) == f"{path}:2: question_id 1 is taken already (line 1, by its line number: it has no question_id)"
 
 
 def test_a_prompts_file_saved_with_a_byte_order_mark_reads(tmp_path):

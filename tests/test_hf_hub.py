@@ -268,7 +268,7 @@ def test_an_unreachable_hub_is_one_line(home, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: nothing listens
     done = cli("pull", f"hf:{REPO}:Q4_K_M")
     assert done.returncode == 1 and done.stderr.count("\n") == 1
-    assert done.stderr.startswith("Error: the hub (http://127.0.0.1:9) is unreachable (")
+    assert done.stderr.startswith(f"Error: the hub (http://127.0.0.1:9) is unreachable for {REPO} (")
 
 
 # ---------------------------------------------------------------- --draft auto

@@ -68,7 +68,7 @@ def test_all_sources_failing_leaves_nothing_in_the_cache(tmp_path):
 
 
 @pytest.mark.parametrize("cached, said", [(DATA[:100], f"the file there has 100 bytes, not {len(DATA)}: cut short, or another file"),
-                                          (bytes(len(DATA)), "the file there does not match its sha256: damaged, or another file")])  # fmt: skip
+                                          (bytes(len(DATA)), "the file there does not match the entry's sha256: damaged, another file, or the sha256 in models.toml is wrong")])  # fmt: skip
 def test_a_cached_file_that_is_not_the_model_is_said_to_be_wrong(tmp_path, cached, said):
     """With no source to fetch from, the error that says where to place the file says what is wrong
     with the one already there (not: place it where it is)."""

@@ -180,12 +180,30 @@ def test_rm_of_a_preset_keeps_a_draft_that_another_cached_preset_uses(home):
     assert result.stderr.startswith("tiny-draft: removed") and not (models / "tiny-draft.gguf").exists()
 
 
+def test_rm_keeps_a_file_that_another_models_entry_names_too(home):
+    """A user's entry may name the file of another model (here with a wrong sha256): removing it
+    must not take the other model's file; naming both deletes it."""
+    models = user_models(home)
+    text = (home / "models.toml").read_text()
+    text += f'\n[[model]]\nname = "mine"\nfile = "tiny-target.gguf"\nsize = {len(DATA)}\nsha256 = "{"0" * 64}"\n'
+    (home / "models.toml").write_text(text)
+    assert CliRunner().invoke(app, ["pull", "tiny-target"]).exit_code == 0
+    result = CliRunner().invoke(app, ["rm", "mine"])
+    assert result.exit_code == 0 and result.stderr == "mine: kept, its file is tiny-target's too (`specllm rm mine tiny-target` deletes it)\n"
+    assert (models / "tiny-target.gguf").is_file()
+    result = CliRunner().invoke(app, ["rm", "mine", "tiny-target"])
+    assert result.exit_code == 0 and not (models / "tiny-target.gguf").exists()
+
+
 def test_rm_of_an_unknown_name_deletes_nothing(home, capsys):
     models = user_models(home)
     assert CliRunner().invoke(app, ["pull", "tiny-draft"]).exit_code == 0
     with pytest.raises(SystemExit) as info:
         main(["rm", "tiny-draft", "ghost"])
     assert info.value.code == 1 and capsys.readouterr().err.startswith("Error: unknown model 'ghost'")
+    with pytest.raises(SystemExit) as info:  # a file of one's own is not the cache's to delete
+        main(["rm", "tiny-draft", str(models / "tiny-draft.gguf")])
+    assert info.value.code == 2 and "rm takes preset, model or hf: names (`specllm models` lists them), not paths" in capsys.readouterr().err
     assert (models / "tiny-draft.gguf").is_file()
 
 

@@ -109,10 +109,16 @@ def test_xdg_user_file_is_read(tmp_path, monkeypatch):
     assert "tiny" in catalog.load_registry().models
 
 
-def test_missing_specllm_config_file_is_an_error(tmp_path, monkeypatch):
+def test_a_specllm_config_that_names_no_file_is_an_error_that_names_the_variable(tmp_path, monkeypatch):
+    """A user who set SPECLLM_CONFIG long ago is told where the path comes from."""
     monkeypatch.setenv("SPECLLM_CONFIG", str(tmp_path / "nope.toml"))
-    with pytest.raises(SpecllmError, match="nope.toml"):
+    with pytest.raises(SpecllmError) as info:
         catalog.load_registry()
+    assert str(info.value) == f"SPECLLM_CONFIG names {tmp_path / 'nope.toml'}, which does not exist (it must name a models.toml file)"
+    monkeypatch.setenv("SPECLLM_CONFIG", str(tmp_path))
+    with pytest.raises(SpecllmError) as info:
+        catalog.load_registry()
+    assert str(info.value) == f"SPECLLM_CONFIG names {tmp_path}, a folder (it must name a models.toml file)"
 
 
 def test_user_preset_pointing_at_unknown_model_names_the_user_file(tmp_path, monkeypatch):

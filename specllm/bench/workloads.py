@@ -37,10 +37,12 @@ def load_prompts(path: str | Path | None = None, categories: list[str] | None = 
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        prompt = _parse(line, source, number, turn)
+        prompt, numbered = _parse(line, source, number, turn)
         if prompt.id in lines:  # results are kept by question_id
-            raise SpecllmError(f"{source}:{number}: question_id {prompt.id} is taken already (line {lines[prompt.id]})")
-        lines[prompt.id] = number
+            earlier, earlier_numbered = lines[prompt.id]
+            by = "by its question_id" if not earlier_numbered else "by its line number: it has no question_id"
+            raise SpecllmError(f"{source}:{number}: question_id {prompt.id} is taken already (line {earlier}, {by})")
+        lines[prompt.id] = number, numbered
         found[prompt.category] = None
         if categories and prompt.category not in categories:
             continue
@@ -56,7 +58,8 @@ def load_prompts(path: str | Path | None = None, categories: list[str] | None = 
     return prompts
 
 
-def _parse(line: str, source: str, number: int, turn: int) -> Prompt:
+def _parse(line: str, source: str, number: int, turn: int) -> tuple[Prompt, bool]:
+    """The row's prompt, and whether it is known by its line number (it has no question_id)."""
     where = f"{source}:{number}"
     try:
         row = json.loads(line)
@@ -67,4 +70,5 @@ def _parse(line: str, source: str, number: int, turn: int) -> Prompt:
     turns = row.get("turns")
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
         raise SpecllmError(f"{where}: 'turns' must be a list of non-empty strings (the user's turns), got {json.dumps(turns)[:60]}")
-    return Prompt(str(row.get("question_id", number)), str(row.get("category", "default")), turns[min(turn, len(turns) - 1)])
+    numbered = "question_id" not in row
+    return Prompt(str(row.get("question_id", number)), str(row.get("category", "default")), turns[min(turn, len(turns) - 1)]), numbered

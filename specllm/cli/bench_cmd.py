@@ -77,8 +77,9 @@ def bench(
     learned = engine.learned_costs() if "auto" in chosen else costs
     rows = summarize(runs, learned, params.greedy, (ngram_min, ngram_max), calibrated=costs if learned is not costs else None)
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    out.print(_table(rows))
-    out.print(_bars(rows))
+    if rows:  # none where a stop came before any prompt was finished by every strategy
+        out.print(_table(rows))
+        out.print(_bars(rows))
     report = _report(engine, settings, costs, learned, rows, runs, workload, partial, prompts)
     if report["undrafted_pass_ratio"] is not None:
         out.print(_noise_line(report["undrafted_pass_ratio"]))
@@ -98,6 +99,8 @@ def bench(
 
 def _strategies(text: str) -> list[str]:
     chosen = _split(text) or []
+    if not chosen:
+        raise UsageError(f"--strategies {text!r} names no strategy; choose from {', '.join(STRATEGIES)}")
     unknown = [s for s in chosen if s not in STRATEGIES]
     if unknown:
         raise UsageError(f"unknown strategies {', '.join(unknown)}; choose from {', '.join(STRATEGIES)}")
@@ -124,8 +127,13 @@ def _collect(engine, workload, settings):
                 bar.update(task, advance=1, description=f"{run.prompt.category} {run.strategy} {run.stats.tok_per_s:.1f} tok/s")
         except (KeyboardInterrupt, Terminated) as stop:
             said = "terminated" if isinstance(stop, Terminated) else "interrupted"
-            c.stderr.print(f"{said}: reporting the {len(runs)} of {total} runs that finished (partial)")
-            return _complete_prompts(runs, settings.strategies), stop
+            kept = _complete_prompts(runs, settings.strategies)
+            if kept:
+                left = f"; {len(runs) - len(kept)} finished run(s) left out: another strategy has not run their prompt" if len(kept) < len(runs) else ""
+                c.stderr.print(f"{said}: reporting the {len(kept)} of {total} runs whose prompts every strategy finished (partial{left})", soft_wrap=True)
+            else:
+                c.stderr.print(f"{said} before any prompt was finished by every strategy: nothing to compare ({len(runs)} of {total} runs finished)", soft_wrap=True)
+            return kept, stop
     return runs, None
 
 
@@ -260,7 +268,7 @@ def _report(engine, settings, costs, learned, rows, runs, workload, partial, pro
             "seed": settings.seed,
             "repeats": settings.repeats,
             "warm": settings.warm,
-            "spec": vars(engine.spec),
+            "spec": {k: v for k, v in vars(engine.spec).items() if k != "strategy"},  # the strategies are above (ngram+draft only loaded the draft)
         },
         "verify_cost": costs.curve(),
         "verify_cost_depth": costs.depth,

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from specllm.cli import common as c
 from specllm.cli.app import app, flag
-from specllm.errors import SpecllmError
+from specllm.errors import SpecllmError, UsageError
 from specllm.models import catalog, hfnames, hub, store
 
 
@@ -69,6 +69,8 @@ def rm(
         if hfnames.is_hf_name(name):
             targets[name] = _cached_hf_files(hfnames.parse(name), cache)
             continue
+        if name not in reg.presets and name not in reg.models and (name.endswith(".gguf") or "/" in name):
+            raise UsageError(f"rm takes preset, model or hf: names (`specllm models` lists them), not paths: {name}")
         preset = reg.presets.get(name)
         for entry in catalog.models_for(name, reg):  # unknown names: an error
             path = store.model_path(entry, cache)
@@ -80,6 +82,11 @@ def rm(
         if user is not None:
             del targets[model]
             _say(c.stderr, f"{model}: kept, {user} uses it too (`specllm rm {model}` deletes it)")
+    for label in [label for label in targets if label in reg.models]:
+        owner = _same_file_owner(label, set(targets), reg, cache)
+        if owner is not None:
+            del targets[label]
+            _say(c.stderr, f"{label}: kept, its file is {owner}'s too (`specllm rm {label} {owner}` deletes it)")
     for label, files in targets.items():
         present = [f for f in files + [hub.sidecar_path(f) for f in files] + [hub.part_path(f) for f in files] if f.is_file()]
         if not present:
@@ -99,6 +106,19 @@ def _other_user(model: str, names: list[str], deleting: set[str], reg: catalog.R
         target = reg.models.get(preset.target)
         if preset.target == model or (target is not None and preset.target not in deleting and hub.cache_state(target, store.model_path(target, cache)) != "missing"):
             return preset.name
+    return None
+
+
+def _same_file_owner(model: str, deleting: set[str], reg: catalog.Registry, cache) -> str | None:
+    """Another model, not being deleted, whose file in the cache is one of `model`'s (two entries of
+    models.toml naming one file: a user's entry beside a built-in one) that the file is the right size for, or None."""
+    mine = {store.model_path(reg.models[model], cache).parent / f for f in reg.models[model].files}
+    for other in reg.models.values():
+        if other.name in deleting:
+            continue
+        path = store.model_path(other, cache)
+        if mine & {path.parent / f for f in other.files} and hub.cache_state(other, path) != "missing":
+            return other.name
     return None
 
 

@@ -118,10 +118,14 @@ def load_registry(user_path: Path | None = None) -> Registry:
     registry = parse_registry(resources.files("specllm.models").joinpath("models.toml").read_text("utf-8"), BUILTIN)
     check_links(registry, registry, BUILTIN)
     path = user_path or user_config_path()
+    # where the path came from, for a user who set the variable long ago
+    source = "SPECLLM_CONFIG names" if user_path is None and os.environ.get("SPECLLM_CONFIG") else "the model registry file"
     if not path.exists():
         if user_path is not None or os.environ.get("SPECLLM_CONFIG"):
-            raise SpecllmError(f"model registry file not found: {path}")
+            raise SpecllmError(f"{source} {path}, which does not exist (it must name a models.toml file)")
         return registry
+    if path.is_dir():
+        raise SpecllmError(f"{source} {path}, a folder (it must name a models.toml file)")
     user = read_registry(path)
     merged = merge(registry, user)
     check_links(user, merged, str(path))

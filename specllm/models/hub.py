@@ -162,10 +162,10 @@ def fetch(
             failures.append(f"{label} {failed}{one_line(exc)}")
             if warn and i + 1 < len(sources):  # the last failure is in the final error instead
                 warn(f"{entry.name}: {failures[-1]}; trying the next source")
-    raise SpecllmError(
-        f"could not download {entry.name}: {'; '.join(failures) or 'no sources configured'}; "
-        f"check your network or place the file at {path}{_what_is_there(entry, path)}"
-    )
+    where = f"place the file at {path}{_what_is_there(entry, path)}"
+    if not sources:
+        raise SpecllmError(f"{entry.name} has no source to download it from (no hf_repo, no mirrors): {where}")
+    raise SpecllmError(f"could not download {entry.name}: {'; '.join(failures)}; check your network or {where}")
 
 
 def _what_is_there(entry: ModelEntry, path: Path) -> str:
@@ -176,7 +176,7 @@ def _what_is_there(entry: ModelEntry, path: Path) -> str:
         return ""
     if size != entry.size:
         return f" (the file there has {size} bytes, not {entry.size}: cut short, or another file)"
-    return " (the file there does not match its sha256: damaged, or another file)"
+    return " (the file there does not match the entry's sha256: damaged, another file, or the sha256 in models.toml is wrong)"
 
 
 def install(entry: ModelEntry, path: Path, write: Callable[[Path], str | None]) -> None:
@@ -342,7 +342,7 @@ def hub_files(repo: str, revision: str = "main", timeout: float = HF_TIMEOUT_S) 
         raise SpecllmError(f"the hub answered HTTP {status} for {repo}: {one_line(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - a connection that failed, a proxy, a timeout
         raise SpecllmError(
-            f"the hub ({_endpoint()}) is unreachable ({one_line(exc)}); with HF_HUB_OFFLINE=1 only the cache is used"
+            f"the hub ({_endpoint()}) is unreachable for {repo} ({one_line(exc)}); with HF_HUB_OFFLINE=1 only the cache is used"
         ) from None
     files = [
         RemoteFile(s.rfilename, s.lfs.size if s.lfs else (s.size or 0), s.lfs.sha256 if s.lfs else None, s.blob_id)
