@@ -315,10 +315,7 @@ def apply_set(settings: ChatSettings, args: list[str]) -> ChatSettings:
         field_name = {"temp": "temperature"}.get(name, name)
         number = _number(name, value, int if name == "top_k" else float)
         params = replace(settings.params, **{field_name: number})
-    try:
-        params.validate()
-    except UsageError as exc:  # the message names the flag (--temp); here it is a setting
-        raise UsageError(re.sub(r"^--([\w-]+)", lambda m: m.group(1).replace("-", "_"), str(exc))) from None
+    params.validate({"temperature": "temp"})  # the settings' names: temp, top_k, top_p, min_p, seed
     return replace(settings, params=params)
 
 

@@ -384,7 +384,7 @@ def test_unexpected_failure_is_still_one_line(home, tiny_pair, tmp_path):
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
         "import specllm.engine.sampling as s\n"
-        "s.SamplingParams.validate = lambda self: (_ for _ in ()).throw(ZeroDivisionError('boom'))\n"
+        "s.SamplingParams.validate = lambda self, names=None: (_ for _ in ()).throw(ZeroDivisionError('boom'))\n"
     )
     env = home | {"PYTHONPATH": f"{hook}{os.pathsep}{home['PYTHONPATH']}"}
     line = assert_one_error(specllm(env, "run", "-m", tiny_pair[0], "-p", "hi"), 1, "unexpected ZeroDivisionError: boom")

@@ -51,8 +51,11 @@ NoThink = Annotated[bool, flag("--no-think", help="A thinking model (Qwen3) answ
 Color = Annotated[str, typer.Option("--color", help="Colour tokens by source: auto, always, never.")]
 
 
+FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p", "seed": "--seed"}  # each sampling field's flag
+
+
 def sampling_params(temp: float, top_k: int, top_p: float, min_p: float, seed: int | None) -> SamplingParams:
-    return SamplingParams(temp, top_k, top_p, min_p, None if seed == -1 else seed).validate()  # -1: random, as in llama.cpp
+    return SamplingParams(temp, top_k, top_p, min_p, None if seed == -1 else seed).validate(FLAGS)  # -1: random, as in llama.cpp
 
 
 def check_common(max_tokens: int, ctx_size: int, threads: int | None, exact: bool = False, gpu_layers: int = -1, gpu_layers_draft: int = -1, flash_attn: str = "auto") -> None:

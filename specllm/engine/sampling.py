@@ -8,10 +8,20 @@ top-k, top-p and min-p).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
 
 import numpy as np
 
 from specllm.errors import UsageError
+
+
+class InvalidSampling(UsageError):
+    """A sampling value out of its range; `field` is its SamplingParams field."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -26,19 +36,21 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def validate(self) -> "SamplingParams":
-        if not np.isfinite(self.temperature):
-            raise UsageError(f"--temp must be a finite number, got {self.temperature}")
-        if self.temperature < 0:
-            raise UsageError(f"--temp must be 0 or more, got {self.temperature}")
-        if self.top_k < 0:
-            raise UsageError(f"--top-k must be 0 (off) or more, got {self.top_k}")
-        if not 0.0 <= self.top_p <= 1.0:  # 0, as OpenAI's API and llama.cpp allow it: the most likely token only
-            raise UsageError(f"--top-p must be in [0, 1], got {self.top_p} (0: the most likely token only)")
-        if not 0.0 <= self.min_p < 1.0:
-            raise UsageError(f"--min-p must be in [0, 1), got {self.min_p}")
-        if self.seed is not None and self.seed < 0:
-            raise UsageError(f"--seed must be 0 or more, got {self.seed} (-1: random)")
+    def validate(self, names: Mapping[str, str] = MappingProxyType({})) -> "SamplingParams":
+        """These values, or InvalidSampling for the first out of its range, named as `names` spells
+        its field (a command's flags, a chat's settings, a request's fields; default: the field's name)."""
+        checks = (
+            ("temperature", bool(np.isfinite(self.temperature)), "a finite number", ""),
+            ("temperature", self.temperature >= 0, "0 or more", ""),
+            ("top_k", self.top_k >= 0, "0 (off) or more", ""),
+            # 0, as OpenAI's API and llama.cpp allow it: the most likely token only
+            ("top_p", 0.0 <= self.top_p <= 1.0, "in [0, 1]", " (0: the most likely token only)"),
+            ("min_p", 0.0 <= self.min_p < 1.0, "in [0, 1)", ""),
+            ("seed", self.seed is None or self.seed >= 0, "0 or more", " (-1: random)"),
+        )
+        for field, ok, want, note in checks:
+            if not ok:
+                raise InvalidSampling(field, f"{names.get(field, field)} must be {want}, got {getattr(self, field)}{note}")
         return self
 
 

@@ -13,7 +13,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from specllm.engine.sampling import SamplingParams
+from specllm.engine.sampling import InvalidSampling, SamplingParams
 from specllm.engine.stats import Stats
 from specllm.server.tools import prefill
 
@@ -318,14 +318,11 @@ def _params(body: dict) -> SamplingParams:
     min_p = _get(body, "min_p", float, DEFAULTS.min_p)
     seed = _get(body, "seed", int, None)
     seed = None if seed == -1 else seed  # llama.cpp's servers' "random"
-    # top_p 0, as OpenAI allows it: the smallest set of most likely tokens, one
-    checks = [("temperature", temperature >= 0, "0 or more"), ("top_p", 0 <= top_p <= 1, "in [0, 1]"),
-              ("top_k", top_k >= 0, "0 (off) or more"), ("min_p", 0 <= min_p < 1, "in [0, 1)"),
-              ("seed", seed is None or seed >= 0, "0 or more (-1: random)")]  # fmt: skip
-    for name, ok, want in checks:
-        if not ok:
-            raise ApiError(400, f"{name!r} must be {want}, got {body[name]}", name)
-    return SamplingParams(float(temperature), top_k, float(top_p), float(min_p), seed)
+    params = SamplingParams(float(temperature), top_k, float(top_p), float(min_p), seed)
+    try:
+        return params.validate({field: repr(field) for field in ("temperature", "top_k", "top_p", "min_p", "seed")})
+    except InvalidSampling as exc:
+        raise ApiError(400, str(exc), exc.field) from None
 
 
 def _stop(value) -> list[str]:
