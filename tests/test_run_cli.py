@@ -90,3 +90,13 @@ def test_impossible_flags_are_usage_errors(smol, args, message):
     assert result.returncode == 2
     assert result.stderr.startswith("Error:") and message in result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_a_random_runs_seed_is_in_its_json_and_draws_its_text_again(home, tiny_pair):
+    """Without --seed a run draws a seed of its own; --json says which, and --seed with it gives the
+    same text (any strategy: what the drafters propose never moves the draws)."""
+    flags = ["run", "-m", tiny_pair[0], "-c", "512", "--temp", "1.0", "-n", "24", "-p", "hello", "--json"]
+    first, second = (json.loads(specllm_here(home, *flags, "--spec", "off").stdout) for _ in range(2))
+    assert first["seed"] != second["seed"] and first["text"] != second["text"]  # 24 tokens at temperature 1: apart
+    again = json.loads(specllm_here(home, *flags, "--spec", "ngram", "--seed", str(first["seed"])).stdout)
+    assert again["seed"] == first["seed"] and again["text"] == first["text"]

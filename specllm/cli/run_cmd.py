@@ -62,11 +62,12 @@ def run(
     tokens = engine.encode(text, system, raw, think=not no_think)
     splitter = ThinkSplitter(thinks=False) if raw else reasoning_splitter(engine.target, tokens)  # a thinking model's reasoning apart
     stats, done = Stats(), None
+    seed = params.seed if params.seed is not None else random_seed()  # --json says it: `--seed N` draws the same again
     writer = TokenWriter(colour=colour)
     live_enabled = sys.stderr.isatty() and not quiet and not verbose
     with StopOnSignal(terminate=True) as stopper, LiveStatus(live_enabled) as live:
         reasoning = ReasoningWriter(live)
-        events = engine.decoder().generate(tokens, max_tokens, params, np.random.default_rng(params.seed), stop=stopper.requested)
+        events = engine.decoder().generate(tokens, max_tokens, params, np.random.default_rng(seed), stop=stopper.requested)
         for event in events:
             stats.update(event)
             if isinstance(event, TokenCommitted):
@@ -83,7 +84,7 @@ def run(
             reasoning.end()
     answer = "".join(splitter.content)
     if as_json:
-        result = _json_result(done, stats, engine, spec_config.strategy)
+        result = _json_result(done, stats, engine, spec_config.strategy) | {"seed": seed}
         if splitter.thinks:
             result.update(text=answer, reasoning="".join(splitter.reasoning))
         print(json.dumps(result, ensure_ascii=False))
@@ -107,6 +108,11 @@ def _defaulted(context: typer.Context, name: str) -> bool:
     """Whether option `name` kept its default (the user did not give it). By the source's name: Typer
     carries a click of its own, whose ParameterSource is not the installed click's."""
     return context.get_parameter_source(name).name == "DEFAULT"
+
+
+def random_seed() -> int:
+    """A seed of the operating system's randomness, as `--seed` takes them."""
+    return int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
 def _json_result(done: Done, stats: Stats, engine, strategy: str) -> dict:
