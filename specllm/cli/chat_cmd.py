@@ -13,6 +13,7 @@ from specllm.cli import options as o
 from specllm.cli.app import app
 from specllm.cli.chat_loop import ChatLoop, script_reader, terminal_reader
 from specllm.cli.display import use_colour
+from specllm.errors import SpecllmError
 from specllm.session import SpecConfig
 
 
@@ -72,3 +73,5 @@ def chat(
         loop.run(terminal_reader() if interactive else script_reader(sys.stdin))
     finally:
         engine.keep_learned()
+    if loop.unsent and not interactive:  # the replies are out; a script learns that not every message was sent
+        raise SpecllmError(f"{loop.unsent} message(s) of the script were not sent (said above)")

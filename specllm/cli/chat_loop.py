@@ -73,6 +73,7 @@ class ChatLoop:
         self.rng = np.random.default_rng(settings.params.seed)
         self.session = Stats()  # every event of every turn: /stats
         self.replies = 0
+        self.unsent = 0  # messages refused (too long) or cut off by the input's end: a script's exit says so
         self.block = MultiLine()
 
     # -- reading -------------------------------------------------------------------------
@@ -84,6 +85,7 @@ class ChatLoop:
                 line = read_line(CONTINUATION if self.block.open else PROMPT)
             except EOFError:
                 if self.block.cancel():
+                    self.unsent += 1
                     self.note('The input ended inside a """ block; that message was not sent.')
                 elif self.interactive:
                     self.err.write("\n")
@@ -226,6 +228,7 @@ class ChatLoop:
             raise UsageError(f"the system prompt alone takes {held} tokens and the context holds {n_ctx}: shorten it or raise --ctx-size")
 
     def refuse(self, prompt: list[int], n_ctx: int) -> None:
+        self.unsent += 1
         held = self.tokens_so_far()
         self.note(
             f"Message not sent: the conversation would need {len(prompt)} tokens "
