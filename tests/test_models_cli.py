@@ -109,6 +109,16 @@ def test_pull_one_model_again_is_served_from_the_cache(home):
     assert result.exit_code == 0 and result.stderr.startswith("tiny-draft: ")
 
 
+def test_pull_takes_several_names_and_checks_them_all_first(home, capsys):
+    models = user_models(home)
+    with pytest.raises(SystemExit) as info:
+        main(["pull", "tiny-draft", "ghost"])
+    assert info.value.code == 1 and capsys.readouterr().err.startswith("Error: unknown model 'ghost'")
+    assert not (models / "tiny-draft.gguf").exists()  # nothing fetched before every name was known
+    result = CliRunner().invoke(app, ["pull", "tiny-draft", "tiny-target"])
+    assert result.exit_code == 0 and [line.split(":")[0] for line in result.stderr.splitlines()] == ["tiny-draft", "tiny-target"]
+
+
 def test_pull_unknown_name_is_one_error_line(home, capsys):
     with pytest.raises(SystemExit) as info:
         main(["pull", "ghost"])

@@ -36,23 +36,27 @@ def models(
 
 @app.command("pull")
 def pull(
-    name: Annotated[
-        Optional[str], typer.Argument(metavar="[PRESET_OR_MODEL]", help="Default: the default preset.")
+    names: Annotated[
+        Optional[list[str]], typer.Argument(metavar="[PRESET_OR_MODEL...]", help="Default: the default preset.")
     ] = None,
 ) -> None:
-    """Download a preset's target and draft models, one model, or an hf:ORG/REPO:QUANT name, and verify them."""
-    if name and hfnames.is_hf_name(name):
-        with c.download_progress() as progress:
-            path = store.resolve_hf(name, refresh=True, progress=progress)
-        _say(c.stderr, f"{name}: {_size(hfnames.bytes_on_disk(path))} in {len(hfnames.parts_beside(path))} file(s) ok  {path}")
-        return
-    reg = catalog.load_registry()
-    name = name or catalog.default_preset(reg).name
-    for entry in catalog.models_for(name, reg):
-        with c.download_progress() as progress:
-            path = store.ensure_model(entry, progress=progress, warn=c.warn)
-        size = sum((path.parent / f).stat().st_size for f in entry.files)
-        _say(c.stderr, f"{entry.name}: {_size(size)} ok  {path}")
+    """Download presets' target and draft models, models, or hf:ORG/REPO:QUANT names, and verify them."""
+    # an hf: name needs no registry (a user file with a mistake in it does not stop it)
+    reg = catalog.load_registry() if not names or not all(hfnames.is_hf_name(n) for n in names) else None
+    names = names or [catalog.default_preset(reg).name]
+    for name in names:  # every name is checked before anything is fetched
+        hfnames.parse(name) if hfnames.is_hf_name(name) else catalog.models_for(name, reg)
+    for name in names:
+        if hfnames.is_hf_name(name):
+            with c.download_progress() as progress:
+                path = store.resolve_hf(name, refresh=True, progress=progress)
+            _say(c.stderr, f"{name}: {_size(hfnames.bytes_on_disk(path))} in {len(hfnames.parts_beside(path))} file(s) ok  {path}")
+            continue
+        for entry in catalog.models_for(name, reg):
+            with c.download_progress() as progress:
+                path = store.ensure_model(entry, progress=progress, warn=c.warn)
+            size = sum((path.parent / f).stat().st_size for f in entry.files)
+            _say(c.stderr, f"{entry.name}: {_size(size)} ok  {path}")
 
 
 @app.command("rm")
