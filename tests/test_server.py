@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import numpy as np
 import openai
@@ -549,6 +550,26 @@ def serve_process(*args, env: dict | None = None):
         if process.poll() is None:
             process.kill()
         process.wait(WAIT)
+
+
+def test_the_signal_handler_leaves_the_job_queue_to_the_event_loop(tiny_pair):
+    """A signal handler runs in the main thread between two of its bytecodes, perhaps while the event
+    loop there holds the job queue's lock: it only asks the loop to stop taking work (which drains the
+    queue there), and a second signal aborts the running request."""
+    engine = tiny_engine(tiny_pair, "ngram")
+    sock = listen("127.0.0.1", 0)
+    try:
+        server = Server(Service(engine, "tiny", queue_size=1), sock)
+        asked = []
+        server.loop = SimpleNamespace(call_soon_threadsafe=asked.append)
+        server._on_signal(signal.SIGINT, None)
+        assert server.should_exit and asked == [server.service.worker.stop_accepting]
+        assert not server.service.worker.closing.is_set()  # not drained here
+        server._on_signal(signal.SIGINT, None)
+        assert server.force_exit and server.service.worker.aborting.is_set()
+    finally:
+        sock.close()
+        engine.close()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
