@@ -329,13 +329,15 @@ def test_no_arguments_shows_the_help(home):
     assert "Usage" in done.stdout + done.stderr and "run" in done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("command", ["run", "chat", "bench", "serve", "models"])
+@pytest.mark.parametrize("command", ["run", "chat", "bench", "serve", "models", "pull", "rm", None])
 def test_the_help_shows_no_value_for_an_on_off_flag(home, command):
-    """`--json true` is refused (a flag takes no value), so the help must not show one for it."""
-    done = specllm_here(home, command, "--help")
+    """`--json true` is refused (a flag takes no value), so the help must not show one for it, nor
+    for --help itself."""
+    done = specllm_here(home, *([command] if command else []), "--help")
     assert done.returncode == 0
-    flags = [line for line in done.stdout.splitlines() if any(f in line for f in ("--json ", "--quiet ", "--exact ", "--warm ", "--no-think "))]
-    assert flags and not any("<bool>" in line or "BOOLEAN" in line for line in flags), flags
+    names = ("--json ", "--quiet ", "--exact ", "--warm ", "--no-think ", "--help ", "--version ")
+    flags = [line for line in done.stdout.splitlines() if any(f in line for f in names)]
+    assert any("--help " in line for line in flags) and not any("<bool>" in line or "BOOLEAN" in line for line in flags), flags
 
 
 def test_flags_at_their_bounds_work(home, tiny_pair):

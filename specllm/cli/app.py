@@ -6,12 +6,31 @@ from typing import Annotated
 
 import typer
 
+class _FlagHelp:
+    """--help takes no value, so its row shows none (Typer 0.29 builds it showing `<bool>`)."""
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class Group(_FlagHelp, typer.core.TyperGroup):
+    pass
+
+
+class Command(_FlagHelp, typer.core.TyperCommand):
+    """Every specllm command's class (`@app.command(cls=Command)`)."""
+
+
 app = typer.Typer(
     name="specllm",
     help="Lossless speculative decoding for local GGUF models.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
 
 

@@ -18,13 +18,13 @@ from specllm.bench.harness import BenchSettings, parting_points, run_bench, summ
 from specllm.bench.workloads import load_prompts
 from specllm.cli import common as c
 from specllm.cli import options as o
-from specllm.cli.app import app
+from specllm.cli.app import Command, app
 from specllm.cli.interrupt import Terminated
 from specllm.errors import SpecllmError, UsageError
 from specllm.session import STRATEGIES, SpecConfig
 
 
-@app.command()
+@app.command(cls=Command)
 def bench(
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Spec-Bench style JSONL (question_id, category, turns). [default: built-in set]")] = None,
     categories: Annotated[Optional[str], typer.Option("--categories", help="Comma-separated categories to keep.")] = None,

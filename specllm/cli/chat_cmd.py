@@ -10,14 +10,14 @@ import typer
 from specllm.chat import ChatSettings, Conversation
 from specllm.cli import common as c
 from specllm.cli import options as o
-from specllm.cli.app import app
+from specllm.cli.app import Command, app
 from specllm.cli.chat_loop import ChatLoop, script_reader, terminal_reader
 from specllm.cli.display import use_colour
 from specllm.errors import SpecllmError
 from specllm.session import SpecConfig
 
 
-@app.command()
+@app.command(cls=Command)
 def chat(
     model: o.Model = None,
     draft: o.Draft = None,

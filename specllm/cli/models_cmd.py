@@ -13,12 +13,12 @@ from rich.table import Table
 from rich.text import Text
 
 from specllm.cli import common as c
-from specllm.cli.app import app, flag
+from specllm.cli.app import Command, app, flag
 from specllm.errors import SpecllmError, UsageError
 from specllm.models import catalog, hfnames, hub, store
 
 
-@app.command("models")
+@app.command("models", cls=Command)
 def models(
     as_json: Annotated[bool, flag("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
@@ -34,7 +34,7 @@ def models(
     _say(console, f"cache: {listing['cache_dir']}   user file: {listing['user_file']}")
 
 
-@app.command("pull")
+@app.command("pull", cls=Command)
 def pull(
     names: Annotated[
         Optional[list[str]], typer.Argument(metavar="[PRESET_OR_MODEL...]", help="Default: the default preset.")
@@ -59,7 +59,7 @@ def pull(
             _say(c.stderr, f"{entry.name}: {_size(size)} ok  {path}")
 
 
-@app.command("rm")
+@app.command("rm", cls=Command)
 def rm(
     names: Annotated[list[str], typer.Argument(metavar="PRESET_OR_MODEL...", help="Models, presets (their target and draft), or hf: names.")],
 ) -> None:

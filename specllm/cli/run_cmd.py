@@ -12,7 +12,7 @@ import typer
 from specllm.chat import reasoning_splitter
 from specllm.cli import common as c
 from specllm.cli import options as o
-from specllm.cli.app import app
+from specllm.cli.app import Command, app
 from specllm.cli.display import LiveStatus, ReasoningWriter, TokenWriter, summary_text, use_colour, write_reply
 from specllm.cli.interrupt import StopOnSignal
 from specllm.engine.decode import Done, StepDone, TokenCommitted
@@ -21,7 +21,7 @@ from specllm.reasoning import ThinkSplitter
 from specllm.session import SpecConfig
 
 
-@app.command()
+@app.command(cls=Command)
 def run(
     context: typer.Context,
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="The prompt; piped stdin comes before it.")] = None,

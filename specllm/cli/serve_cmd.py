@@ -11,7 +11,7 @@ import typer
 from specllm.chat import thinking_variables
 from specllm.cli import common as c
 from specllm.cli import options as o
-from specllm.cli.app import app
+from specllm.cli.app import Command, app
 from specllm.errors import SpecllmError, UsageError
 from specllm.models import catalog
 from specllm.session import SpecConfig
@@ -20,7 +20,7 @@ from specllm.session import SpecConfig
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 
-@app.command()
+@app.command(cls=Command)
 def serve(
     model: o.Model = None,
     draft: o.Draft = None,
