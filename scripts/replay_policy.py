@@ -361,10 +361,10 @@ def _run_auto(stream, data, sequence, record, costs, draft_max, clock) -> float:
     n_vocab = vocab_size(stream, data)
     eog = end_token(stream, data["eog"])
     target = ReplayBackend(sequence, eog, n_vocab, costs, clock, len(stream["prompt"]), stream.get("target_confidence", ()))
-    model = ModelDrafter(ReplayDraftBackend(sequence, record, n_vocab, costs, clock, eog), 0.0, n_vocab) if record else None
+    model = ModelDrafter(ReplayDraftBackend(sequence, record, n_vocab, costs, clock, eog), 0.0, n_vocab, target.is_eog) if record else None
     sentence_ends = frozenset(data.get("sentence_ends", ()))  # the target's tokens that end a sentence (none in old recordings)
     spec = SpecConfig()  # the n-gram sizes a user's `auto` has
-    drafter = auto_drafter(costs.copy(), draft_max, model, (spec.ngram_min, spec.ngram_max), target.is_eog, sentence_ends.__contains__)
+    drafter = auto_drafter(costs.copy(), draft_max, (spec.ngram_min, spec.ngram_max), model, target.is_eog, sentence_ends.__contains__)
     decoder = Decoder(target, drafter, all_the_room)
     return time_generation(decoder, stream, data["max_tokens"], clock)
 

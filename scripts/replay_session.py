@@ -136,7 +136,7 @@ def _drafter(costs, draft_max: int, sentence_ends: frozenset[int]):
     from specllm.session import SpecConfig
 
     spec = SpecConfig()  # the n-gram sizes a user's `auto` has
-    return auto_drafter(costs.copy(), draft_max, None, (spec.ngram_min, spec.ngram_max), sentence_end=sentence_ends.__contains__)
+    return auto_drafter(costs.copy(), draft_max, (spec.ngram_min, spec.ngram_max), sentence_end=sentence_ends.__contains__)
 
 
 def _generate(stream, sequence, data, drafter, costs, clock) -> float:

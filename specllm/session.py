@@ -173,18 +173,18 @@ class Engine:
         if self.draft is not None:
             self.draft.rewind(0)
         if spec.strategy == "auto":
-            model = ModelDrafter(self.draft, spec.draft_p_min, self.target.n_vocab) if self.draft else None
+            model = ModelDrafter(self.draft, spec.draft_p_min, self.target.n_vocab, self.target.is_eog) if self.draft else None
             drafter = auto_drafter(
                 self.learned_costs(),  # refined in place: what the passes teach it is kept (`keep_learned`)
                 self.max_batch - 1,
-                model,
                 (spec.ngram_min, spec.ngram_max),
+                model,
                 self.target.is_eog,
                 functools.cache(lambda token: ends_sentence(self.target.token_bytes(token))),
             )
             return Decoder(self.target, drafter, all_the_room)
         ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, self.target.is_eog)
-        model = ModelDrafter(self.draft.load(), spec.draft_p_min, self.target.n_vocab) if self.draft and spec.uses_draft_model else None
+        model = ModelDrafter(self.draft.load(), spec.draft_p_min, self.target.n_vocab, self.target.is_eog) if self.draft and spec.uses_draft_model else None
         drafters = {
             "off": [],
             "ngram": [ngram],

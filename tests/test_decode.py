@@ -236,16 +236,34 @@ def test_drafts_end_at_an_end_of_generation_token():
 
 
 def test_a_draft_models_tokens_past_the_targets_end_token_are_never_drafted():
-    """A draft model whose end tokens are not the target's drafts on past the target's end: those
-    tokens cannot be committed, so they are neither verified nor counted."""
+    """A draft model whose end tokens are not the target's stops at the target's (nothing after it
+    can be committed, so nothing after it is verified); the step that accepts the end token counts
+    it, not the target's token after it."""
     reference = generate_plain(FakeBackend(seed=0), PROMPT, 30, GREEDY, np.random.default_rng(0))
     eog = reference[5]
     target = FakeBackend(seed=0, eog=eog)
-    done, events = _run(Decoder(target, ModelDrafter(FakeBackend(seed=0), p_min=0.0), fixed_budget(8)), PROMPT, 30, GREEDY)
+    drafter = ModelDrafter(FakeBackend(seed=0), p_min=0.0, ends_generation=target.is_eog)  # the draft model knows no end token
+    done, events = _run(Decoder(target, drafter, fixed_budget(8)), PROMPT, 30, GREEDY)
     assert done.finish_reason == "stop" and done.tokens == reference[: reference.index(eog)]
     steps = [e for e in events if isinstance(e, StepDone)]
     assert sum(s.committed for s in steps) == len(done.tokens) + 1  # the end token too, and nothing after it
     assert target.evaluations[1:] == [s.drafted + 1 for s in steps] and all(s.accepted == s.drafted for s in steps)
+    assert sum(s.drafted for s in steps) == len(done.tokens) + 1  # the draft ended with the end token
+
+
+def test_an_engines_draft_model_stops_at_the_targets_end_tokens(tiny_pair):
+    from specllm.backend import LoadOptions
+    from specllm.session import Engine, ModelPaths, SpecConfig
+
+    options = LoadOptions(n_ctx=256, n_threads=1)
+    engine = Engine(ModelPaths(*tiny_pair), SpecConfig("auto"), options, options)
+    try:
+        for strategy in ("auto", "draft", "ngram+draft"):
+            drafter = engine.decoder(strategy).drafter
+            model = drafter.model if strategy == "auto" else drafter if strategy == "draft" else drafter.drafters[-1]
+            assert model.ends_generation == engine.target.is_eog, strategy
+    finally:
+        engine.close()
 
 
 def test_max_tokens_is_exact_and_kv_holds_history_minus_last():

@@ -45,7 +45,10 @@ def pull(
     reg = catalog.load_registry() if not names or not all(hfnames.is_hf_name(n) for n in names) else None
     names = names or [catalog.default_preset(reg).name]
     for name in names:  # every name is checked before anything is fetched
-        hfnames.parse(name) if hfnames.is_hf_name(name) else catalog.models_for(name, reg)
+        if hfnames.is_hf_name(name):
+            hfnames.parse(name)
+        else:
+            catalog.models_for(name, reg)
     for name in names:
         if hfnames.is_hf_name(name):
             with c.download_progress() as progress:
@@ -73,7 +76,7 @@ def rm(
         if hfnames.is_hf_name(name):
             targets[name] = _cached_hf_files(hfnames.parse(name), cache)
             continue
-        if name not in reg.presets and name not in reg.models and (name.endswith(".gguf") or "/" in name):
+        if name not in reg.presets and name not in reg.models and catalog.looks_like_path(name):
             raise UsageError(f"rm takes preset, model or hf: names (`specllm models` lists them), not paths: {name}")
         preset = reg.presets.get(name)
         for entry in catalog.models_for(name, reg):  # unknown names: an error

@@ -165,8 +165,8 @@ class AutoDrafter:
 def auto_drafter(
     costs: CostModel,
     draft_max: int,
+    ngram_sizes: tuple[int, int],
     model: ModelDrafter | None = None,
-    ngram_sizes: tuple[int, int] = (2, 4),
     ends_generation: Callable[[int], bool] = lambda token: False,
     sentence_end: Callable[[int], bool] = lambda token: False,
 ) -> AutoDrafter:

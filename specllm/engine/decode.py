@@ -182,21 +182,17 @@ class Decoder:
         return PrefillDone(len(prompt), reused, time.perf_counter() - started)
 
     def _propose(self, limit: int, params, rng, text: _TextStream, find_text_end=None) -> tuple[Draft, float]:
-        """The drafter's draft, cut after the target's first end token, or the token where
-        `find_text_end` says the text ends, whichever comes first."""
+        """The drafter's draft, cut after the token where `find_text_end` says the text ends (the
+        drafters themselves stop at the target's end tokens)."""
         started = time.perf_counter()
         draft = None
         if self.drafter is not None and limit > 0:
             size = self.budget(self.history, limit)
             if size > 0:
                 draft = self.drafter.propose(self.history, size, params, rng)
-        if draft is not None and draft.tokens:
-            # Nothing after the target's end token can be committed (a draft model may end on others).
-            ends = [next((i for i, token in enumerate(draft.tokens) if self.target.is_eog(token)), None)]
-            if find_text_end is not None:
-                ends.append(find_text_end(text.peek(draft.tokens)))
-            end = min((i for i in ends if i is not None), default=None)
-            if end is not None and end + 1 < len(draft.tokens):
+        if draft is not None and draft.tokens and find_text_end is not None:
+            end = find_text_end(text.peek(draft.tokens))
+            if end is not None:
                 q_draft = None if draft.q_draft is None else draft.q_draft[: end + 1]
                 draft = replace(draft, tokens=draft.tokens[: end + 1], q_draft=q_draft)
         return draft or Draft([], None, "target"), time.perf_counter() - started

@@ -129,10 +129,11 @@ class ModelDrafter:
 
     source = "draft"
 
-    def __init__(self, model: Backend, p_min: float, n_vocab: int | None = None):
+    def __init__(self, model: Backend, p_min: float, n_vocab: int | None = None, ends_generation: Callable[[int], bool] = lambda token: False):
         self.model = model
         self.p_min = p_min
         self.n_vocab = n_vocab or model.n_vocab  # the target's: q rows must line up with p rows
+        self.ends_generation = ends_generation  # the target's end-of-generation tokens (the draft model's own may differ)
         model.rewind(0)
         self.kv_tokens: list[int] = []  # what the draft model's KV cache holds, in order
         self.caught_up = 0  # tokens read by the last proposal's catch-up (what `pending` said)
@@ -167,8 +168,8 @@ class ModelDrafter:
                 token = sample(q_row, rng)
                 rows.append(q_row)
             tokens.append(token)
-            if len(tokens) >= max_tokens or self.model.is_eog(token) or self.model.n_past + 1 > self.model.n_ctx:
-                break  # nothing after an end of generation can be committed
+            if len(tokens) >= max_tokens or self.model.is_eog(token) or self.ends_generation(token) or self.model.n_past + 1 > self.model.n_ctx:
+                break  # nothing after an end of generation (the target's, or what the draft model takes for one) can be committed
             if look_further is not None and not look_further(tokens):
                 break
             logits = self._fit(self.model.evaluate([token], [0], copy=False)[0])

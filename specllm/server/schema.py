@@ -24,6 +24,7 @@ TEMPLATE_OWN = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_
 MAX_STOPS = 4  # as OpenAI allows
 COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's; chat runs to the context's end
 DEFAULTS = SamplingParams()  # a field left out takes specllm's default, as llama.cpp's server does
+SAMPLING_FIELDS = {field: repr(field) for field in ("temperature", "top_k", "top_p", "min_p", "seed")}  # as an error names them: 'top_p'
 
 
 class ApiError(Exception):
@@ -320,7 +321,7 @@ def _params(body: dict) -> SamplingParams:
     seed = None if seed == -1 else seed  # llama.cpp's servers' "random"
     params = SamplingParams(float(temperature), top_k, float(top_p), float(min_p), seed)
     try:
-        return params.validate({field: repr(field) for field in ("temperature", "top_k", "top_p", "min_p", "seed")})
+        return params.validate(SAMPLING_FIELDS)
     except InvalidSampling as exc:
         raise ApiError(400, str(exc), exc.field) from None
 
