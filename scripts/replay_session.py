@@ -40,7 +40,7 @@ def record(args) -> None:
     from specllm.engine.ngram import ends_sentence
     from specllm.models.catalog import load_registry
     from specllm.models.store import resolve_model
-    from specllm.server import schema
+    from specllm.server import parsing
     from specllm.server.app import Service
     from specllm.server.worker import Job
     from specllm.session import Engine, ModelPaths, SpecConfig
@@ -63,9 +63,9 @@ def record(args) -> None:
             if body.pop("continue", False):
                 body["messages"] = conversation + body["messages"]
             body["temperature"] = 0
-            request = schema.parse_infill(body) if endpoint == "infill" else schema.parse(endpoint, body)
+            request = parsing.parse_infill(body) if endpoint == "infill" else parsing.parse(endpoint, body)
             prompt = service.encode(request)
-            max_tokens = schema.check_length(request, len(prompt), engine.target.n_ctx)
+            max_tokens = parsing.check_length(request, len(prompt), engine.target.n_ctx)
             result = _serve(service, Job(prompt, max_tokens, request.params, None, request.stop, request.n_indent))
             answer = service.worker.decoder.history[len(prompt) :]
             stopped = bool(answer) and engine.target.is_eog(answer[-1])

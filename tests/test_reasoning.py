@@ -302,8 +302,8 @@ def _ending_at_the_limit(generate):
 
 
 def test_serve_takes_reasoning_content_sent_back_with_an_answer():
-    from specllm.server import schema
+    from specllm.server import parsing
 
     body = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", "reasoning_content": "Two and two."},
                          {"role": "user", "content": "And 3+3?"}]}  # fmt: skip
-    assert schema.parse("chat", body).messages[1] == {"role": "assistant", "content": "4", "reasoning_content": "Two and two."}
+    assert parsing.parse("chat", body).messages[1] == {"role": "assistant", "content": "4", "reasoning_content": "Two and two."}

@@ -23,8 +23,9 @@ from specllm.chat import encode_infill, encode_messages, encode_raw, encode_repo
 from specllm.engine.decode import Decoder
 from specllm.errors import SpecllmError
 from specllm.reasoning import REASONING, ThinkSplitter
-from specllm.server import schema, tools
-from specllm.server.schema import ApiError, Renderer
+from specllm.server import parsing, rendering, tools
+from specllm.server.parsing import ApiError
+from specllm.server.rendering import Renderer
 from specllm.server.worker import Job, Result, Worker
 
 
@@ -46,7 +47,7 @@ class Service:
         if name not in self.names:
             raise ApiError(404, f"model {name!r} is not served here; this server serves {self.model_id!r}", "model", "model_not_found")
 
-    def encode(self, request: schema.Request) -> list[int]:
+    def encode(self, request: parsing.Request) -> list[int]:
         target = self.engine.target
         if request.kind == "infill":
             gap = request.infill
@@ -82,12 +83,12 @@ def create_app(service: Service) -> Starlette:
         return await _generate(service, "infill", request)
 
     async def models(request: HttpRequest):
-        return JSONResponse(schema.models_list(service.model_id, service.created))
+        return JSONResponse(rendering.models_list(service.model_id, service.created))
 
     async def model(request: HttpRequest):  # the OpenAI client's `models.retrieve`
         name = request.path_params["name"]
         service.check_name(name)
-        return JSONResponse(schema.model_object(name, service.created))
+        return JSONResponse(rendering.model_object(name, service.created))
 
     async def health(request: HttpRequest):
         worker = service.worker
@@ -114,7 +115,7 @@ async def _generate(service: Service, kind: str, http: HttpRequest):
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise ApiError(400, "the request body is not valid JSON here: nested too deeply") from None
-    request = schema.parse_infill(body) if kind == "infill" else schema.parse(kind, body)
+    request = parsing.parse_infill(body) if kind == "infill" else parsing.parse(kind, body)
     if request.model is not None:
         service.check_name(request.model)
     try:
@@ -125,7 +126,7 @@ async def _generate(service: Service, kind: str, http: HttpRequest):
         raise ApiError(400, str(exc), param) from None
     if not prompt:
         raise ApiError(400, "the prompt is empty", "prompt")
-    max_tokens = schema.check_length(request, len(prompt), service.engine.target.n_ctx)
+    max_tokens = parsing.check_length(request, len(prompt), service.engine.target.n_ctx)
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
     def post(kind: str, payload) -> None:  # from the worker thread
@@ -143,7 +144,7 @@ async def _generate(service: Service, kind: str, http: HttpRequest):
 class JobResponse:
     """An ASGI response that follows one job; a client that goes away cancels it."""
 
-    def __init__(self, job: Job, events: asyncio.Queue, request: schema.Request, render: Renderer, strategy: str, thinking: ThinkSplitter):
+    def __init__(self, job: Job, events: asyncio.Queue, request: parsing.Request, render: Renderer, strategy: str, thinking: ThinkSplitter):
         self.job, self.events, self.request, self.render, self.strategy = job, events, request, render, strategy
         self.thinking = thinking  # a thinking model's reasoning goes apart from the answer
 
@@ -183,7 +184,7 @@ class JobResponse:
                     content, found = tools.split(self.request.tool_prefill + text, self.request.tool_names)
                     if found:  # else the model's own text, a required call's opening apart
                         text, calls, reason = content, [call.wire() for call in found], "tool_calls"
-                body = self.render.whole(text, reason, schema.usage(payload.stats, self.strategy), calls, reasoning)
+                body = self.render.whole(text, reason, rendering.usage(payload.stats, self.strategy), calls, reasoning)
                 return await _send_json(send, 200, body)
 
     async def _stream(self, send) -> None:
@@ -203,7 +204,7 @@ class JobResponse:
             elif kind == "done":
                 for part, piece in self.thinking.finish():
                     await self._piece(send, part, piece, content)
-                usage, reason = schema.usage(payload.stats, self.strategy), self._reason(payload)
+                usage, reason = rendering.usage(payload.stats, self.strategy), self._reason(payload)
                 if content is not None:
                     text, found = tools.split(content.text, self.request.tool_names)
                     if found:
@@ -239,8 +240,8 @@ class JobResponse:
 
     def _reason(self, result: Result) -> str:
         if self.request.kind == "infill":
-            return schema.infill_stop_type(result)
-        return "stop" if result.stopped_by_text else schema.finish_reason(result.finish_reason)
+            return rendering.infill_stop_type(result)
+        return "stop" if result.stopped_by_text else rendering.finish_reason(result.finish_reason)
 
 
 async def _send_json(send, status: int, body: dict) -> None:

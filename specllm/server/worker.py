@@ -23,7 +23,7 @@ from specllm.engine.decode import Decoder, Done, PrefillDone, TokenCommitted
 from specllm.engine.sampling import SamplingParams
 from specllm.engine.stats import Stats
 from specllm.errors import SpecllmError
-from specllm.server.schema import ApiError, busy
+from specllm.server.parsing import ApiError, busy
 
 log = logging.getLogger("specllm.server")
 SHUTTING_DOWN = "the server is shutting down"
