@@ -321,6 +321,8 @@ BAD = {  # name: (path, body as sent, status, the param or code the error names)
     "top_p above one": ("/v1/chat/completions", {**GOOD, "top_p": 1.5}, 400, "top_p"),
     "seed a float": ("/v1/chat/completions", {**GOOD, "seed": 1.5}, 400, "seed"),
     "seed below -1": ("/v1/chat/completions", {**GOOD, "seed": -2}, 400, "seed"),
+    "max_tokens past a float's range": ("/v1/chat/completions", {**GOOD, "max_tokens": 10**400}, 400, "max_tokens"),
+    "temperature past a float's range": ("/v1/chat/completions", {**GOOD, "temperature": 10**400}, 400, "temperature"),
     "nested too deeply": ("/v1/chat/completions", b"[" * 100_000, 400, None),
     "stop a number": ("/v1/chat/completions", {**GOOD, "stop": 7}, 400, "stop"),
     "stream a string": ("/v1/chat/completions", {**GOOD, "stream": "yes"}, 400, "stream"),

@@ -262,6 +262,7 @@ BAD = {  # body -> the field named in the error
     "a chunk without text": ({"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "a.py"}]}, "input_extra[0]"),
     "a chunk's name no text": ({"input_prefix": "", "input_suffix": "", "input_extra": [{"text": "", "filename": 1}]}, "input_extra[0].filename"),
     "n_predict below -1": ({"input_prefix": "", "input_suffix": "", "n_predict": -2}, "n_predict"),
+    "t_max_predict_ms past a float's range": ({"input_prefix": "", "input_suffix": "", "t_max_predict_ms": 10**400}, "t_max_predict_ms"),
     "input_extra an object": ({"input_prefix": "", "input_suffix": "", "input_extra": {}}, "input_extra"),
     "response_fields no strings": ({"input_prefix": "", "input_suffix": "", "response_fields": [1]}, "response_fields"),
     "a prompt that is no text": ({"input_prefix": "", "input_suffix": "", "prompt": ["a"]}, "prompt"),

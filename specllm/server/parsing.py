@@ -186,9 +186,17 @@ def _get(body: dict, name: str, kind: type, default):
     number = kind in (int, float)
     if isinstance(value, bool) and kind is not bool or not isinstance(value, (int, float) if kind is float else kind):
         raise ApiError(400, f"{name!r} must be {_word(kind)}, got {_type(value)}", name)
-    if number and not math.isfinite(value):
+    if number and not _finite(value):
         raise ApiError(400, f"{name!r} must be a finite number", name)
     return value
+
+
+def _finite(value: int | float) -> bool:
+    """JSON's integers have no bound: one past a float's range (10**400) counts as infinite."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _messages(value) -> list[dict]:
