@@ -324,6 +324,7 @@ BAD = {  # name: (path, body as sent, status, the param or code the error names)
     "max_tokens past a float's range": ("/v1/chat/completions", {**GOOD, "max_tokens": 10**400}, 400, "max_tokens"),
     "temperature past a float's range": ("/v1/chat/completions", {**GOOD, "temperature": 10**400}, 400, "temperature"),
     "nested too deeply": ("/v1/chat/completions", b"[" * 100_000, 400, None),
+    "a number too long to read": ("/v1/chat/completions", b'{"max_tokens": ' + b"1" * 5000 + b"}", 400, None),
     "stop a number": ("/v1/chat/completions", {**GOOD, "stop": 7}, 400, "stop"),
     "stream a string": ("/v1/chat/completions", {**GOOD, "stream": "yes"}, 400, "stream"),
     "n of 2": ("/v1/chat/completions", {**GOOD, "n": 2}, 400, "n"),

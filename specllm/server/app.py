@@ -113,6 +113,8 @@ async def _generate(service: Service, kind: str, http: HttpRequest):
         body = json.loads(await http.body())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    except ValueError:  # an integer longer than Python reads (4,300 digits by default)
+        raise ApiError(400, "the request body is not valid JSON here: a number has too many digits") from None
     except RecursionError:
         raise ApiError(400, "the request body is not valid JSON here: nested too deeply") from None
     request = parsing.parse_infill(body) if kind == "infill" else parsing.parse(kind, body)
