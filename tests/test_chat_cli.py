@@ -189,6 +189,36 @@ def test_reply_that_fills_the_context_is_kept_and_said(engines):
     assert "Message not sent" in result.stderr  # the next message no longer fits
 
 
+def stats_line(stderr: str) -> str:
+    return next(line for line in stderr.splitlines() if " replies · " in line)
+
+
+def test_stats_after_a_reply_that_filled_the_context_says_no_message_fits(engines):
+    """Re-encoded with its turn's end, a conversation cut at a full context takes more tokens than
+    the context holds: /stats says no message fits, not "42 of 40"; the next message is refused."""
+    engines.options = {"n_ctx": 40}
+    result = chat(["hello", "/stats", "next"], "--temp", "0", "-n", "100")
+    assert result.exit_code == 1 and "Message not sent" in result.stderr
+    no_room = "the conversation leaves no room in the 40-token context: the next message will not fit (/clear starts a new conversation)"
+    assert stats_line(result.stderr) == f"1 replies · {no_room} · spec auto"
+    # a system prompt that leaves no room for a message: /clear would keep it
+    engines.options = {"n_ctx": 64}
+    result = chat(["/stats"], "--system", "x" * 36)
+    assert stats_line(result.stderr).endswith("the next message will not fit (--ctx-size gives a larger context) · spec auto")
+
+
+@pytest.mark.parametrize("max_tokens, sent", [(20, True), (21, False)])
+def test_stats_says_no_room_exactly_when_a_one_character_message_would_be_refused(engines, max_tokens, sent):
+    """With n_ctx 64 the prompt after "hello" and a reply of 20 tokens leaves room for the message "x"
+    (63 tokens < 64); after 21 it does not, though the conversation takes only 45 tokens."""
+    engines.options = {"n_ctx": 64}
+    result = chat(["hello", "/stats", "x"], "--temp", "0", "-n", str(max_tokens))
+    assert ("Message not sent" not in result.stderr) == sent and result.exit_code == (0 if sent else 1)
+    line = stats_line(result.stderr)
+    assert (f"conversation {24 + max_tokens} of 64 context tokens" in line) == sent
+    assert ("the next message will not fit" in line) == (not sent)
+
+
 # -- the loop at a terminal: Ctrl-C --------------------------------------------------------
 
 

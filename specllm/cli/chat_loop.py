@@ -181,14 +181,29 @@ class ChatLoop:
         return True
 
     def stats_text(self) -> str:
-        s, n_ctx = self.session, self.engine.target.n_ctx
+        s = self.session
         lines = [
-            f"{self.replies} replies · conversation {self.tokens_so_far()} of {n_ctx} context tokens · spec {self.strategy}",
+            f"{self.replies} replies · {self.context_text()} · spec {self.strategy}",
             f"generated: {status_text(s)} · {s.seconds:.2f}s",
             f"prompts: {s.prompt_tokens} tok, {s.reused_tokens} reused from the KV cache, prefill {s.prefill_seconds:.2f}s",
             f"settings: {self.settings.describe()}",
         ]
         return "\n".join(lines)
+
+    def context_text(self) -> str:
+        """How much of the context the conversation takes, or that it leaves no room for a message.
+        A reply cut at a full context leaves a conversation that, re-encoded with its turn's end,
+        no longer fits at all: "42 of 40" would be no answer."""
+        held, n_ctx = self.tokens_so_far(), self.engine.target.n_ctx
+        if held < n_ctx and self.room_for_a_message():
+            return f"conversation {held} of {n_ctx} context tokens"
+        hint = CLEAR_HINT if self.conversation.messages else "--ctx-size gives a larger context"  # /clear keeps the system prompt
+        return f"the conversation leaves no room in the {n_ctx}-token context: the next message will not fit ({hint})"
+
+    def room_for_a_message(self) -> bool:
+        """Whether a message of one character would be sent (send() refuses a prompt of n_ctx tokens or more)."""
+        shortest = self.conversation.all_messages() + [{"role": "user", "content": "x"}]
+        return len(encode_messages(self.engine.target, shortest, variables=self.variables)) < self.engine.target.n_ctx
 
     # -- turns ---------------------------------------------------------------------------
 
