@@ -323,6 +323,28 @@ def test_other_usage_errors(home, args, problem):
     assert_one_error(specllm_here(home, *args), 2, problem)
 
 
+@pytest.mark.parametrize(
+    "args, option, owners",
+    [
+        (["chat", "--raw"], "--raw", "`specllm run`"),
+        (["chat", "-p", "hi"], "-p", "`specllm run`"),
+        (["chat", "--raw=1"], "--raw", "`specllm run`"),
+        (["run", "-p", "hi", "--port", "8000"], "--port", "`specllm serve`"),
+        (["serve", "--temp", "0"], "--temp", "`specllm bench`, `specllm chat` and `specllm run`"),
+    ],
+    ids=["chat raw", "chat short prompt", "chat raw with a value", "run port", "serve temp"],
+)
+def test_an_option_of_another_command_says_whose_it_is(home, args, option, owners):
+    """Not click's closest match among this command's own options (`chat --raw`: --draft)."""
+    line = assert_one_error(specllm_here(home, *args), 2, f"No such option: {option}; it is an option of {owners} (see `specllm {args[0]} --help`)")
+    assert "Possible options" not in line and "Did you mean" not in line
+
+
+def test_a_mistyped_option_keeps_clicks_suggestion(home):
+    line = assert_one_error(specllm_here(home, "chat", "--tmep", "1"), 2, "No such option: --tmep", "--temp", "(see `specllm chat --help`)")
+    assert "an option of" not in line
+
+
 def test_no_arguments_shows_the_help(home):
     done = specllm(home)
     assert done.returncode in (0, 2) and "Traceback" not in done.stderr  # click < 8.2 exits 0 here

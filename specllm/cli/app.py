@@ -1,10 +1,15 @@
 """The Typer application every command module registers on (kept apart so that commands import it
 without importing the package that imports them)."""
 
+import sys
 from importlib import metadata
 from typing import Annotated
 
 import typer
+
+# click's exceptions as Typer raises them: its vendored click's (Typer >= 0.2x) or the installed one's
+NoSuchOption = sys.modules[typer.BadParameter.__module__].NoSuchOption
+
 
 class _FlagHelp:
     """--help takes no value, so its row shows none (Typer 0.29 builds it showing `<bool>`)."""
@@ -22,6 +27,34 @@ class Group(_FlagHelp, typer.core.TyperGroup):
 
 class Command(_FlagHelp, typer.core.TyperCommand):
     """Every specllm command's class (`@app.command(cls=Command)`)."""
+
+    def parse_args(self, ctx, args):
+        """An option of another command (`chat --raw`) says whose it is: click's closest match among
+        this command's options (`--draft`) would mislead. Typos keep click's suggestions."""
+        try:
+            return super().parse_args(ctx, args)
+        except NoSuchOption as exc:
+            owners = _commands_taking(ctx, exc.option_name)
+            if not owners:
+                raise
+            message = f"No such option: {exc.option_name}; it is an option of {_join(owners)}"
+            raise NoSuchOption(exc.option_name, message, ctx=ctx) from None
+
+
+def _commands_taking(ctx, option: str) -> list[str]:
+    """The command paths (`specllm run`) of the visible commands beside this one that take `option`."""
+    parent = ctx.parent
+    commands = getattr(parent.command, "commands", {}) if parent is not None else {}
+    return [
+        f"`{parent.command_path} {name}`"
+        for name, command in commands.items()
+        if not command.hidden
+        and any(option in (*param.opts, *param.secondary_opts) for param in command.params if not getattr(param, "hidden", False))
+    ]
+
+
+def _join(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 app = typer.Typer(
