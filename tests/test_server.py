@@ -30,8 +30,8 @@ from specllm.engine.costmodel import CostModel
 from specllm.engine.decode import StepDone
 from specllm.engine.sampling import SamplingParams, warp
 from specllm.server.app import Service
+from specllm.server.endings import StopText
 from specllm.server.run import Server, listen
-from specllm.server.worker import StopText
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.stat_helpers import chi_square_pvalue
 

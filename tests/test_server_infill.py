@@ -24,7 +24,7 @@ from specllm.engine.sampling import SamplingParams
 from specllm.errors import UsageError
 from specllm.server import worker as worker_module
 from specllm.server.app import Service
-from specllm.server.worker import IndentCut
+from specllm.server.endings import IndentCut, StopText, find_filtered_end
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.fakes import FakeBackend, Scripted
 from tests.test_server import TINY, WAIT, raw, running
@@ -147,11 +147,11 @@ class _Lines(FakeBackend):
 
 
 def test_the_filters_find_where_a_draft_would_end_the_text_and_stay_as_they_were():
-    text, indent = worker_module.StopText(["END"]), IndentCut(4)
+    text, indent = StopText(["END"]), IndentCut(4)
     assert indent.push(text.push("x = 1\n    y")) == "x = 1\n    y"
-    assert worker_module.find_filtered_end(text, indent, [" = 2", "E", "ND", "z"]) == 2  # "END" completed
-    assert worker_module.find_filtered_end(text, indent, ["\n", "  ", "z"]) == 2  # a line indented 2 begun
-    assert worker_module.find_filtered_end(text, indent, ["\n\n", "    z", "EN"]) is None
+    assert find_filtered_end(text, indent, [" = 2", "E", "ND", "z"]) == 2  # "END" completed
+    assert find_filtered_end(text, indent, ["\n", "  ", "z"]) == 2  # a line indented 2 begun
+    assert find_filtered_end(text, indent, ["\n\n", "    z", "EN"]) is None
     assert (text.held, text.stopped, indent.held, indent.stopped) == ("", False, "", False)
 
 
