@@ -125,7 +125,8 @@ class CostModel:
                 return
             ratio = _bounded(seconds, expected) / expected
             factor = 1.0 + LEARNING_RATE * (ratio - 1.0)
-            self._rescale(factor)
+            if factor != 1.0:  # a pass as the curve says (a replay's) changes nothing
+                self._rescale(factor)
             self._recent = (self._recent + [ratio / factor])[-RECENT_SINGLES:]
             self.passes += 1
             return

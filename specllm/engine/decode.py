@@ -128,34 +128,7 @@ class Decoder:
                 reason = "context"
                 break
             limit = min(room, max_tokens - len(generated) - 1)
-            step_started = time.perf_counter()
-            draft, draft_seconds = self._propose(limit, params, rng, text, find_text_end)
-            started = time.perf_counter()
-            verdict, rows = self._verify(draft, params, randoms)
-            verify_seconds = time.perf_counter() - started
-            if self.drafter is not None:
-                self.drafter.feedback(draft, verdict.accepted, draft_seconds, verify_seconds, rows[: verdict.accepted + 1])
-            new = draft.tokens[: verdict.accepted] + [verdict.token]
-            sources = [draft.source] * verdict.accepted + ["target"]
-            ended = False
-            for kept, (token, source) in enumerate(zip(new, sources), start=1):
-                self.history.append(token)
-                if self.target.is_eog(token):  # the end: the target's token after it is not committed
-                    ended = True
-                    break
-                generated.append(token)
-                yield TokenCommitted(token, text.push(token), source)
-            self._settle()
-            yield StepDone(
-                draft.source if draft.tokens else None,
-                len(draft.tokens),
-                verdict.accepted,
-                kept,
-                draft_seconds,
-                verify_seconds,
-                time.perf_counter() - step_started,
-                draft.model_seconds,
-            )
+            ended = yield from self._step(limit, params, rng, randoms, text, generated, find_text_end)
             if ended:
                 reason = "stop"
                 break
@@ -163,6 +136,40 @@ class Decoder:
         if tail:
             yield TokenCommitted(-1, tail, "target")
         yield Done(reason, generated, text.text)
+
+    def _step(self, limit: int, params, rng, randoms: Randoms | None, text: _TextStream, generated: list[int], find_text_end=None):
+        """One speculative step: draft at most `limit` tokens, verify them in one target pass, commit
+        what passed and the target's own token (to `generated`), yielding each token and then the
+        step's figures; returns whether the target ended the generation."""
+        step_started = time.perf_counter()
+        draft, draft_seconds = self._propose(limit, params, rng, text, find_text_end)
+        started = time.perf_counter()
+        verdict, rows = self._verify(draft, params, randoms)
+        verify_seconds = time.perf_counter() - started
+        if self.drafter is not None:
+            self.drafter.feedback(draft, verdict.accepted, draft_seconds, verify_seconds, rows[: verdict.accepted + 1])
+        new = draft.tokens[: verdict.accepted] + [verdict.token]
+        sources = [draft.source] * verdict.accepted + ["target"]
+        ended = False
+        for kept, (token, source) in enumerate(zip(new, sources), start=1):
+            self.history.append(token)
+            if self.target.is_eog(token):  # the end: the target's token after it is not committed
+                ended = True
+                break
+            generated.append(token)
+            yield TokenCommitted(token, text.push(token), source)
+        self._settle()
+        yield StepDone(
+            draft.source if draft.tokens else None,
+            len(draft.tokens),
+            verdict.accepted,
+            kept,
+            draft_seconds,
+            verify_seconds,
+            time.perf_counter() - step_started,
+            draft.model_seconds,
+        )
+        return ended
 
     def _prefill(self, prompt: list[int], stop: Callable[[], bool] | None = None) -> PrefillDone:
         """Make the target's KV cache hold prompt[:-1], reusing what it already holds; `stop` is asked
