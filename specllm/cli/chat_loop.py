@@ -31,15 +31,15 @@ from specllm.cli.display import (
     RESET,
     LiveStatus,
     ReasoningWriter,
+    ReplyWriter,
     TokenWriter,
     colour_allowed,
     status_text,
+    stream_reply,
     summary_text,
-    write_reply,
 )
 from specllm.cli.common import cost_curve
 from specllm.cli.interrupt import StopOnSignal
-from specllm.engine.decode import Done, StepDone, TokenCommitted
 from specllm.engine.stats import Stats
 from specllm.errors import SpecllmError, UsageError
 from specllm.session import STRATEGIES
@@ -263,37 +263,24 @@ class ChatLoop:
     def reply(self, prompt: list[int]) -> tuple[str, str]:
         """Stream one reply to `out` (a thinking model's reasoning to stderr); returns (finish reason,
         the answer: what the conversation keeps)."""
-        stats, pieces, reason = Stats(), [], "interrupted"
-        writer = TokenWriter(self.out, colour=self.colour)
-        splitter = reasoning_splitter(self.engine.target, prompt)
+        stats, done = Stats(), None
         live = LiveStatus(self.live)
-        reasoning = ReasoningWriter(live, self.err)
-
-        def write(parts, source: str) -> None:
-            pieces.append(write_reply(parts, writer, reasoning, source))
-
+        splitter = reasoning_splitter(self.engine.target, prompt)
+        reply = ReplyWriter(splitter, TokenWriter(self.out, colour=self.colour), ReasoningWriter(live, self.err))
         try:
             with StopOnSignal() as stopper, live:
                 events = self.decoder.generate(
                     prompt, self.settings.max_tokens, self.settings.params, self.rng, stop=stopper.requested
                 )
-                for event in events:
-                    stats.update(event)
-                    self.session.update(event)
-                    if isinstance(event, TokenCommitted):
-                        write(splitter.push(event.text), event.source)
-                    elif isinstance(event, StepDone):
-                        live.update(stats)
-                    elif isinstance(event, Done):
-                        reason = event.finish_reason
+                done = stream_reply(events, reply, live, stats, self.session)
         except KeyboardInterrupt:
             if not self.interactive:
                 raise
             # A second Ctrl-C lands mid-step: the KV caches may not match the history, so start afresh.
             self.decoder = self.engine.decoder(self.strategy)
-        write(splitter.finish(), "target")
-        reasoning.end()
-        text = "".join(pieces)
+        reply.finish()
+        reason = done.finish_reason if done is not None else "interrupted"
+        text = "".join(reply.written)
         self.out.write("" if text.endswith("\n") or not text else "\n")
         if self.interactive and _isatty(self.out):
             self.out.write("\n")

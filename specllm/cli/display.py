@@ -3,6 +3,7 @@
 The engine knows nothing of this module; it renders `Stats` snapshots. When stdout and stderr
 are the same terminal, the status line lives on the bottom row, outside a scroll region in
 which the text streams; when stdout is redirected, it is a single redrawn line on stderr.
+`stream_reply` is the loop over a decoder's events that `run` and `chat` share.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import shutil
 import sys
 import time
 
+from specllm.engine.decode import Done, StepDone, TokenCommitted
 from specllm.engine.stats import Stats
-from specllm.reasoning import REASONING
+from specllm.reasoning import REASONING, ThinkSplitter
 
 SOURCE_STYLES = {"ngram": "\x1b[32m", "draft": "\x1b[36m"}  # green, cyan; the target's own tokens stay plain
 RESET = "\x1b[0m"
@@ -96,6 +98,44 @@ def write_reply(pieces, answer: TokenWriter, reasoning: ReasoningWriter, source:
             answer.write(text, source)
             written.append(text)
     return "".join(written)
+
+
+class ReplyWriter:
+    """A reply as it is committed: through the splitter, a thinking model's reasoning to `reasoning`
+    and the answer to `writer`; `shown` False (run --json) splits the text and writes none of it."""
+
+    def __init__(self, splitter: ThinkSplitter, writer: TokenWriter, reasoning: ReasoningWriter, shown: bool = True):
+        self.splitter, self.writer, self.reasoning, self.shown = splitter, writer, reasoning, shown
+        self.written: list[str] = []  # the answer as written: what a chat keeps, a hard stop's too
+
+    def push(self, text: str, source: str) -> None:
+        pieces = self.splitter.push(text)
+        if self.shown:
+            self.written.append(write_reply(pieces, self.writer, self.reasoning, source))
+
+    def finish(self) -> None:
+        """What the splitter held back at the end (a tag's start, blanks); the reasoning's last line ends."""
+        pieces = self.splitter.finish()
+        if self.shown:
+            self.written.append(write_reply(pieces, self.writer, self.reasoning, "target"))
+            self.reasoning.end()
+
+
+def stream_reply(events, reply: ReplyWriter, live: "LiveStatus", stats: Stats, *also: Stats) -> Done | None:
+    """A decoder's events to the reply's writers; `stats` (and each of `also`) reduces every event,
+    and the live status line shows `stats` after each step. Returns the Done event that ends them."""
+    done = None
+    for event in events:
+        stats.update(event)
+        for more in also:
+            more.update(event)
+        if isinstance(event, TokenCommitted):
+            reply.push(event.text, event.source)
+        elif isinstance(event, StepDone):
+            live.update(stats)
+        elif isinstance(event, Done):
+            done = event
+    return done
 
 
 def status_text(stats: Stats) -> str:

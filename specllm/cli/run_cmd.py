@@ -13,9 +13,9 @@ from specllm.chat import reasoning_splitter
 from specllm.cli import common as c
 from specllm.cli import options as o
 from specllm.cli.app import Command, app
-from specllm.cli.display import LiveStatus, ReasoningWriter, TokenWriter, summary_text, use_colour, write_reply
+from specllm.cli.display import LiveStatus, ReasoningWriter, ReplyWriter, TokenWriter, stream_reply, summary_text, use_colour
 from specllm.cli.interrupt import StopOnSignal
-from specllm.engine.decode import Done, StepDone, TokenCommitted
+from specllm.engine.decode import Done
 from specllm.engine.stats import Stats
 from specllm.reasoning import ThinkSplitter
 from specllm.session import SpecConfig
@@ -61,27 +61,15 @@ def run(
     engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, flash_attn, think=not no_think)
     tokens = engine.encode(text, system, raw, think=not no_think)
     splitter = ThinkSplitter(thinks=False) if raw else reasoning_splitter(engine.target, tokens)  # a thinking model's reasoning apart
-    stats, done = Stats(), None
+    stats = Stats()
     seed = params.seed if params.seed is not None else random_seed()  # --json says it: `--seed N` draws the same again
     writer = TokenWriter(colour=colour)
     live_enabled = sys.stderr.isatty() and not quiet and not verbose
     with StopOnSignal(terminate=True) as stopper, LiveStatus(live_enabled) as live:
-        reasoning = ReasoningWriter(live)
+        reply = ReplyWriter(splitter, writer, ReasoningWriter(live), shown=not as_json)
         events = engine.decoder().generate(tokens, max_tokens, params, np.random.default_rng(seed), stop=stopper.requested)
-        for event in events:
-            stats.update(event)
-            if isinstance(event, TokenCommitted):
-                pieces = splitter.push(event.text)
-                if not as_json:
-                    write_reply(pieces, writer, reasoning, event.source)
-            elif isinstance(event, StepDone):
-                live.update(stats)
-            elif isinstance(event, Done):
-                done = event
-        pieces = splitter.finish()
-        if not as_json:
-            write_reply(pieces, writer, reasoning, "target")
-            reasoning.end()
+        done = stream_reply(events, reply, live, stats)
+        reply.finish()  # not after a hard stop (a second signal): the command ends at once, exit 130 or 143
     answer = "".join(splitter.content)
     if as_json:
         result = _json_result(done, stats, engine, spec_config.strategy) | {"seed": seed}
