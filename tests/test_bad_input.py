@@ -340,6 +340,12 @@ def test_an_option_of_another_command_says_whose_it_is(home, args, option, owner
     assert "Possible options" not in line and "Did you mean" not in line
 
 
+@pytest.mark.parametrize("args, option", [(["--prompt", "hi"], "--prompt"), (["-p", "hi"], "-p")], ids=["long", "short"])
+def test_a_commands_option_without_the_command_says_whose_it_is(home, args, option):
+    """`specllm --prompt hi`, the command left out: the line names the command that takes it."""
+    assert_one_error(specllm_here(home, *args), 2, f"No such option: {option}; it is an option of `specllm run`")
+
+
 def test_a_mistyped_option_keeps_clicks_suggestion(home):
     line = assert_one_error(specllm_here(home, "chat", "--tmep", "1"), 2, "No such option: --tmep", "--temp", "(see `specllm chat --help`)")
     assert "an option of" not in line

@@ -21,32 +21,36 @@ class _FlagHelp:
         return option
 
 
-class Group(_FlagHelp, typer.core.TyperGroup):
-    pass
-
-
-class Command(_FlagHelp, typer.core.TyperCommand):
-    """Every specllm command's class (`@app.command(cls=Command)`)."""
+class _SaysWhoseOption:
+    """An unknown option that a command takes says whose it is: at the top level (`specllm --prompt
+    hi`, the command left out) and in another command (`chat --raw`, where click's closest match
+    among chat's own options, `--draft`, would mislead). Typos keep click's suggestions."""
 
     def parse_args(self, ctx, args):
-        """An option of another command (`chat --raw`) says whose it is: click's closest match among
-        this command's options (`--draft`) would mislead. Typos keep click's suggestions."""
         try:
             return super().parse_args(ctx, args)
         except NoSuchOption as exc:
-            owners = _commands_taking(ctx, exc.option_name)
+            group = ctx if isinstance(self, Group) else ctx.parent
+            owners = _commands_taking(group, exc.option_name)
             if not owners:
                 raise
             message = f"No such option: {exc.option_name}; it is an option of {_join(owners)}"
             raise NoSuchOption(exc.option_name, message, ctx=ctx) from None
 
 
-def _commands_taking(ctx, option: str) -> list[str]:
-    """The command paths (`specllm run`) of the visible commands beside this one that take `option`."""
-    parent = ctx.parent
-    commands = getattr(parent.command, "commands", {}) if parent is not None else {}
+class Group(_SaysWhoseOption, _FlagHelp, typer.core.TyperGroup):
+    pass
+
+
+class Command(_SaysWhoseOption, _FlagHelp, typer.core.TyperCommand):
+    """Every specllm command's class (`@app.command(cls=Command)`)."""
+
+
+def _commands_taking(group, option: str) -> list[str]:
+    """The command paths (`specllm run`) of the group's visible commands that take `option`."""
+    commands = getattr(group.command, "commands", {}) if group is not None else {}
     return [
-        f"`{parent.command_path} {name}`"
+        f"`{group.command_path} {name}`"
         for name, command in commands.items()
         if not command.hidden
         and any(option in (*param.opts, *param.secondary_opts) for param in command.params if not getattr(param, "hidden", False))
