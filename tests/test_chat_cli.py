@@ -186,7 +186,10 @@ def test_reply_that_fills_the_context_is_kept_and_said(engines):
     reply = reference_reply(user("hello"), 100, n_ctx=40)
     assert result.stdout == reply + "\n" and 0 < len(reply) < 100
     assert "the context is full at 40 tokens: the reply was cut short and kept; /clear starts a new conversation" in result.stderr
-    assert "Message not sent" in result.stderr  # the next message no longer fits
+    # the next message no longer fits, and the conversation alone takes more than the context: said so, not "42 so far"
+    assert re.search(r"Message not sent: the conversation already takes 4\d tokens, all of the 40-token context "
+                     r"\(the last reply filled it\)\. /clear starts a new conversation", result.stderr)
+    assert "so far" not in result.stderr
 
 
 def stats_line(stderr: str) -> str:

@@ -245,10 +245,14 @@ class ChatLoop:
     def refuse(self, prompt: list[int], n_ctx: int) -> None:
         self.unsent += 1
         held = self.tokens_so_far()
+        hint = f"{CLEAR_HINT}; --ctx-size gives a larger context." if self.conversation.messages else "A shorter message or --ctx-size makes room."
+        if held >= n_ctx:  # a reply cut at a full context, re-encoded with its turn's end: no message could fit
+            self.note(f"Message not sent: the conversation already takes {held} tokens, all of the {n_ctx}-token context "
+                      f"(the last reply filled it). {hint}")
+            return
         self.note(
             f"Message not sent: the conversation would need {len(prompt)} tokens "
-            f"({held} so far + {len(prompt) - held} for this message) and the context holds {n_ctx}. "
-            + (f"{CLEAR_HINT}; --ctx-size gives a larger context." if self.conversation.messages else "A shorter message or --ctx-size makes room.")
+            f"({held} so far + {len(prompt) - held} for this message) and the context holds {n_ctx}. " + hint
         )
 
     def explain(self, reason: str) -> None:
