@@ -1,5 +1,6 @@
 """The benchmark harness on a fake engine, its arithmetic, and a short run of the command on a tiny model."""
 
+import io
 import json
 
 import numpy as np
@@ -27,7 +28,9 @@ from specllm.engine.decode import Decoder, fixed_budget
 from specllm.engine.drafters import NgramDrafter
 from specllm.engine.sampling import SamplingParams
 from specllm.engine.stats import SourceStats, Stats
+from tests.cli_helpers import assert_one_error, specllm_here
 from tests.fakes import FakeBackend
+from tests.test_faults import fake_matplotlib
 
 COSTS = CostModel({1: 0.1, 2: 0.15, 4: 0.2, 8: 0.3})
 
@@ -402,6 +405,13 @@ BAD_ROWS = {
     "an array": ('[1, 2]', "a Spec-Bench row is a JSON object"),
     "a question_id taken already": ('{"question_id": 0, "turns": ["again"]}', "question_id 0 is taken already (line 1, by its question_id)"),
     "not JSON": ('{"question_id": 1,', "not JSON (Expecting property name enclosed in double quotes at character 19)"),
+    "a null category": ('{"question_id": 1, "category": null, "turns": ["hi"]}', "'category' must be a non-empty string, got null"),
+    "a list for category": ('{"question_id": 1, "category": ["qa"], "turns": ["hi"]}', "'category' must be a non-empty string, got [\"qa\"]"),
+    "an empty category": ('{"question_id": 1, "category": " ", "turns": ["hi"]}', "'category' must be a non-empty string, got \" \""),
+    "a null question_id": ('{"question_id": null, "turns": ["hi"]}', "'question_id' must be an integer or a non-empty string, got null"),
+    "a true question_id": ('{"question_id": true, "turns": ["hi"]}', "'question_id' must be an integer or a non-empty string, got true"),
+    "the category all": ('{"question_id": 1, "category": "all", "turns": ["hi"]}', "the category 'all' names the rows over every category"),
+    "an object for question_id": ('{"question_id": {"n": 1}, "turns": ["hi"]}', "'question_id' must be an integer or a non-empty string, got {\"n\": 1}"),
 }
 
 
@@ -552,3 +562,73 @@ def test_a_strategys_runs_add_up_every_count():
     assert (total.drafted, total.accepted, total.seconds, total.prefill_seconds) == (6, 4, 2.0, 1.0)
     assert total.by_source["ngram"] == SourceStats(steps=4, drafted=6, accepted=4, lengths={2: 2, 1: 2})
     assert total.per_position == [[4, 4], [2, 1]] and total.finish_reason is None
+
+
+def _tiny_bench(tmp_path, *rows):
+    """A prompts file of `rows` (turn texts, categories qa) and the start of a short bench on it."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": n, "category": "qa", "turns": [text]}) + "\n" for n, text in enumerate(rows, 1)))
+    return prompts, ["bench", "--prompts", str(prompts), "-n", "4", "-c", "256", "-t", "1"]
+
+
+def test_bench_with_a_random_seed_draws_one_and_records_it(home, tmp_path, tiny_pair):
+    """`--seed -1` is a random seed, as in `run`; it reached numpy as -1 and failed as a bug."""
+    _, args = _tiny_bench(tmp_path, "Say hi.")
+    out = tmp_path / "bench.json"
+    done = specllm_here(home, *args, "-m", tiny_pair[0], "--strategies", "ngram", "--seed", "-1", "--json", out)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["settings"]["seed"] >= 0
+
+
+def test_a_prompt_the_context_cannot_hold_is_refused_by_its_question_id_before_measuring(home, tmp_path, tiny_pair):
+    """Not at its turn, with the runs before it lost and no word of which prompt it was."""
+    prompts, args = _tiny_bench(tmp_path, "Say hi.", "word " * 400)
+    done = specllm_here(home, *args, "-m", tiny_pair[0], "--strategies", "ngram")
+    assert_one_error(done, 1, f"{prompts}: question_id 2 (qa) has ", " tokens but the context holds 256; raise --ctx-size")
+
+
+def test_draft_strategies_alone_without_a_draft_model_are_a_usage_error(home, tmp_path, tiny_pair):
+    """Dropping them left `off` alone: a bench of plain decoding against itself, exit 0."""
+    _, args = _tiny_bench(tmp_path, "Say hi.")
+    done = specllm_here(home, *args, "-m", tiny_pair[0], "--strategies", "draft,ngram+draft")
+    assert_one_error(done, 2, "--strategies draft,ngram+draft needs a draft model: pass --draft PATH")
+
+
+@pytest.mark.parametrize(
+    "json_name, plot_name, message",
+    [(None, "bench.json", "--plot {dir}/bench.json: matplotlib writes no .json files (it writes png, svg); name a .png file"),
+     ("p.jsonl", None, "--json {dir}/p.jsonl: is the --prompts file; writing there would replace the prompts"),
+     ("out.png", "out.png", "--json and --plot name the same file, {dir}/out.png: the chart would overwrite the report")],
+    ids=["an unknown chart format", "the prompts file", "one file for both"],
+)  # fmt: skip
+def test_bench_output_files_are_checked_before_the_model_loads(home, tmp_path, monkeypatch, json_name, plot_name, message):
+    """An unknown suffix failed in matplotlib after the whole run, as a bug; the other two overwrote a file."""
+    fake_matplotlib(monkeypatch)
+    prompts, args = _tiny_bench(tmp_path, "Say hi.")
+    outputs = [arg for flag, name in (("--json", json_name), ("--plot", plot_name)) if name for arg in (flag, tmp_path / name)]
+    done = specllm_here(home, *args, "-m", tmp_path / "absent.gguf", *outputs)
+    assert_one_error(done, 2, message.format(dir=tmp_path))
+    assert json.loads(prompts.read_text())["turns"] == ["Say hi."]
+
+
+def test_a_chart_named_without_a_suffix_is_a_png_at_that_very_path(home, tmp_path, monkeypatch, tiny_pair):
+    """matplotlib adds .png to a name without a suffix: the file asked for never appeared."""
+    fake_matplotlib(monkeypatch)
+    _, args = _tiny_bench(tmp_path, "Say hi.")
+    done = specllm_here(home, *args, "-m", tiny_pair[0], "--strategies", "ngram", "--plot", tmp_path / "chart")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "chart").read_bytes().startswith(b"\x89PNG") and not (tmp_path / "chart.png").exists()
+
+
+def test_acceptance_is_no_figure_where_nothing_was_drafted():
+    """A strategy that drafted nothing accepted nothing and rejected nothing: '-', not 0%."""
+    from rich.console import Console
+
+    from specllm.cli.bench_cmd import _table
+
+    p = PROMPTS[0]
+    runs = [_run(p, "off", [1] * 4, 1.0), _run(p, "ngram", [1] * 4, 1.0), _run(p, "auto", [1] * 4, 0.5, drafted=4, accepted=1, passes=3)]
+    console = Console(record=True, width=300, file=io.StringIO())
+    console.print(_table(summarize(runs, COSTS, greedy=True)))
+    accept = {line.split("│")[2].strip(): line.split("│")[9].strip() for line in console.export_text().splitlines() if line.startswith("│ a")}
+    assert accept == {"off": "-", "ngram": "-", "auto": "25%"}

@@ -297,17 +297,28 @@ def fake_matplotlib(monkeypatch) -> None:
     axes = types.SimpleNamespace(bar=lambda *a, **k: None, axhline=lambda *a, **k: None, set_xticks=lambda *a, **k: None,
                                  set_ylabel=lambda *a, **k: None, legend=lambda *a, **k: None)  # fmt: skip
 
-    def savefig(path):
+    filetypes = {"png": "Portable Network Graphics", "svg": "Scalable Vector Graphics"}
+
+    def savefig(path, format=None):  # as matplotlib's: without a format, the suffix's, or PNG at PATH.png
+        path = str(path)
+        if format is None:
+            format = os.path.splitext(path)[1][1:] or "png"
+            path += "" if os.path.splitext(path)[1] else ".png"
+        if format not in filetypes:
+            raise ValueError(f"Format {format!r} is not supported (supported formats: {', '.join(filetypes)})")
         with open(path, "wb") as out:
             out.write(b"\x89PNG" + bytes(100_000))
 
     figure = types.SimpleNamespace(tight_layout=lambda: None, savefig=savefig)
     pyplot = types.ModuleType("matplotlib.pyplot")
     pyplot.subplots = lambda **kwargs: (figure, axes)
+    backend_bases = types.ModuleType("matplotlib.backend_bases")
+    backend_bases.FigureCanvasBase = types.SimpleNamespace(get_supported_filetypes=lambda: filetypes)
     matplotlib = types.ModuleType("matplotlib")
-    matplotlib.use, matplotlib.pyplot = (lambda backend: None), pyplot
+    matplotlib.use, matplotlib.pyplot, matplotlib.backend_bases = (lambda backend: None), pyplot, backend_bases
     monkeypatch.setitem(sys.modules, "matplotlib", matplotlib)
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
+    monkeypatch.setitem(sys.modules, "matplotlib.backend_bases", backend_bases)
 
 
 @pytest.fixture

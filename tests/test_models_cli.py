@@ -129,6 +129,16 @@ def test_pull_unknown_name_is_one_error_line(home, capsys):
     assert err.count("\n") == 1
 
 
+@pytest.mark.parametrize("command", ["pull", "rm"])
+def test_an_unknown_name_says_what_pull_and_rm_take_which_is_no_path(home, capsys, command):
+    """The hint `run` gives, "or give a path to a .gguf file", sent users to a path rm then refused."""
+    with pytest.raises(SystemExit) as info:
+        main([command, "ghost"])
+    err = capsys.readouterr().err
+    assert info.value.code == 1 and err.startswith("Error: unknown model 'ghost'; known presets: ")
+    assert err.rstrip().endswith("), or an hf:ORG/REPO:QUANT name") and "path" not in err
+
+
 def test_pull_failure_names_the_model_and_leaves_no_file(home, capsys):
     models = user_models(home)
     (home / "wheels").rename(home / "gone")

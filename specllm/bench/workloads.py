@@ -70,5 +70,13 @@ def _parse(line: str, source: str, number: int, turn: int) -> tuple[Prompt, bool
     turns = row.get("turns")
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
         raise SpecllmError(f"{where}: 'turns' must be a list of non-empty strings (the user's turns), got {json.dumps(turns)[:60]}")
+    # str() would take anything: a prompt named None, or filed under the category "['qa']"
+    question_id, category = row.get("question_id", number), row.get("category", "default")
+    if isinstance(question_id, bool) or not isinstance(question_id, (int, str)) or not str(question_id).strip():
+        raise SpecllmError(f"{where}: 'question_id' must be an integer or a non-empty string, got {json.dumps(question_id)[:60]}")
+    if not isinstance(category, str) or not category.strip():
+        raise SpecllmError(f"{where}: 'category' must be a non-empty string, got {json.dumps(category)[:60]}")
+    if category == "all":  # the summary's name for every category together: its rows would hold every prompt
+        raise SpecllmError(f"{where}: the category 'all' names the rows over every category; call it something else")
     numbered = "question_id" not in row
-    return Prompt(str(row.get("question_id", number)), str(row.get("category", "default")), turns[min(turn, len(turns) - 1)]), numbered
+    return Prompt(str(question_id), category, turns[min(turn, len(turns) - 1)]), numbered

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import secrets
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -32,7 +33,7 @@ def bench(
     strategies: Annotated[str, typer.Option("--strategies", help=f"Comma-separated, from {', '.join(STRATEGIES)}; `off` always runs as the reference.")] = "ngram,auto",
     max_tokens: o.MaxTokens = o.BENCH_MAX_TOKENS,
     temp: o.Temp = o.BENCH_TEMP,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed (-1: a random one, which --json records).")] = 0,
     repeats: Annotated[int, typer.Option("--repeats", help="Runs of every prompt per strategy.")] = 1,
     warm: Annotated[bool, o.flag("--warm", help="Keep KV and n-gram state between prompts (inflates results).")] = False,
     json_file: Annotated[Optional[Path], typer.Option("--json", help="Write everything as JSON to this file.")] = None,
@@ -56,10 +57,12 @@ def bench(
         raise UsageError("--repeats and --limit must be at least 1")
     chosen = _strategies(strategies)
     params = o.sampling_params(temp, o.SAMPLING.top_k, o.SAMPLING.top_p, o.SAMPLING.min_p, seed)
-    if plot is not None:
-        _check_matplotlib()
+    seed = params.seed if params.seed is not None else secrets.randbits(63)  # -1 (random): every run draws from seed + repeat
+    plot_format = _plot_format(plot) if plot is not None else None
     for flag, target in (("--json", json_file), ("--plot", plot)):
-        _check_output(flag, target)
+        _check_output(flag, target, prompts)
+    if json_file is not None and plot is not None and json_file.resolve() == plot.resolve():
+        raise UsageError(f"--json and --plot name the same file, {json_file}: the chart would overwrite the report")
     wanted = _split(categories)
     if categories is not None and not wanted:
         raise UsageError(f"--categories {categories!r} names no category")
@@ -68,7 +71,10 @@ def bench(
     engine = c.open_engine(model, draft, spec, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, flash_attn)
     if any(s in ("draft", "ngram+draft") for s in chosen) and engine.draft is None:
         chosen = [s for s in chosen if s not in ("draft", "ngram+draft")]
+        if chosen == ["off"]:  # nothing asked for is left to measure against off
+            raise UsageError(f"--strategies {strategies} needs a draft model: pass --draft PATH or a preset that has one")
         c.warn("no draft model: skipping the draft and ngram+draft strategies")
+    _check_prompts_fit(engine, workload, str(prompts) if prompts else "built-in workloads")
     costs = c.cost_curve(engine)
     settings = BenchSettings(chosen, max_tokens, params, seed, repeats, warm)
     runs, stopped = _collect(engine, workload, settings)
@@ -92,7 +98,7 @@ def bench(
     if json_file is not None:
         _write(json_file, json.dumps(report, indent=1))
     if plot is not None:
-        _plot(rows, plot)
+        _plot(rows, plot, plot_format)
     if stopped is not None:
         raise stopped  # exit 130 or 143, once the partial results are out
 
@@ -137,6 +143,16 @@ def _collect(engine, workload, settings):
     return runs, None
 
 
+def _check_prompts_fit(engine, workload, source: str) -> None:
+    """A prompt the context cannot hold would stop the bench at its turn, minutes in and with the
+    runs before it lost, in an error that does not say which prompt: refuse it before measuring."""
+    for prompt in workload:
+        n = len(engine.encode(prompt.text))
+        if n >= engine.target.n_ctx:
+            raise SpecllmError(f"{source}: question_id {prompt.id} ({prompt.category}) has {n} tokens but the context holds "
+                               f"{engine.target.n_ctx}; raise --ctx-size or leave the prompt out")  # fmt: skip
+
+
 def _complete_prompts(runs, strategies):
     """Keep only prompts (and repeats) that every strategy finished, so ratios compare like with like."""
     done = {}
@@ -153,12 +169,17 @@ def _table(rows) -> Table:
         table.add_row(
             r["category"], r["strategy"], str(r["prompts"]), str(r["tokens"]), f"{r['tok_per_s']:.1f}",
             _fmt(r["speedup"], "x"), _span(r["speedup_interval"]), _span(r["speedup_range"]),
-            f"{r['acceptance_rate']:.0%}" if r["strategy"] != "off" else "-",
+            f"{r['acceptance_rate']:.0%}" if _drafted(r) else "-",
             f"{r['mean_accepted_length']:.2f}", _time_shares(r["time_split"]), _fmt(r["expected_speedup"], "x"),
             _fmt(r["oracle_speedup"], "x"), _fmt(r["share_of_oracle"], "", pct=True),
             r["identical_prompts"] or "-",
         )  # fmt: skip
     return table
+
+
+def _drafted(row) -> int:
+    """Tokens the row's runs drafted: with none, acceptance is no 0%, there was nothing to accept."""
+    return sum(source["drafted"] for source in row["by_source"].values())
 
 
 def _time_shares(shares) -> str:
@@ -304,26 +325,36 @@ def _write(path: Path, text: str) -> None:
         raise SpecllmError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def _check_output(flag: str, path: Path | None) -> None:
-    """Before minutes of measuring, refuse an output file that cannot be created at all."""
+def _check_output(flag: str, path: Path | None, prompts: Path | None = None) -> None:
+    """Before minutes of measuring, refuse an output file that cannot be created at all, or that
+    is the prompts file (a slip of tab completion would replace the user's workload)."""
     if path is None:
         return
     if path.is_dir():
         raise UsageError(f"{flag} {path}: is a directory")
+    if prompts is not None and path.exists() and prompts.exists() and path.samefile(prompts):
+        raise UsageError(f"{flag} {path}: is the --prompts file; writing there would replace the prompts")
     if not path.parent.is_dir():
         raise UsageError(f"{flag} {path}: the folder {path.parent} does not exist")
     if not os.access(path if path.exists() else path.parent, os.W_OK):
         raise UsageError(f"{flag} {path}: {'the file' if path.exists() else 'the folder ' + str(path.parent)} is not writable")
 
 
-def _check_matplotlib() -> None:
+def _plot_format(path: Path) -> str:
+    """The chart's format, before any measuring: its suffix's where matplotlib writes that, PNG
+    where it has none (matplotlib would write PATH.png instead of PATH)."""
     try:
-        import matplotlib  # noqa: F401
+        from matplotlib.backend_bases import FigureCanvasBase
     except ImportError:
         raise UsageError("--plot needs matplotlib: pip install 'specllm[plot]'") from None
+    suffix = path.suffix[1:].lower()
+    known = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in known:
+        raise UsageError(f"--plot {path}: matplotlib writes no .{suffix} files (it writes {', '.join(sorted(known))}); name a .png file")
+    return suffix or "png"
 
 
-def _plot(rows, path: Path) -> None:
+def _plot(rows, path: Path, file_format: str = "png") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -343,6 +374,6 @@ def _plot(rows, path: Path) -> None:
     ax.legend()
     fig.tight_layout()
     try:
-        fig.savefig(path)
+        fig.savefig(path, format=file_format)
     except OSError as exc:
         raise SpecllmError(f"cannot write {path}: {exc.strerror or exc}") from None

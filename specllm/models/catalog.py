@@ -352,7 +352,7 @@ def default_preset(registry: Registry | None = None) -> Preset:
     return registry.presets[registry.default]
 
 
-def find_model(name: str, registry: Registry) -> ModelEntry:
+def find_model(name: str, registry: Registry, otherwise: str = "or give a path to a .gguf file") -> ModelEntry:
     """A preset name gives its target model; a model name gives that model."""
     if name in registry.presets:
         return registry.models[registry.presets[name].target]
@@ -360,15 +360,15 @@ def find_model(name: str, registry: Registry) -> ModelEntry:
         return registry.models[name]
     raise SpecllmError(
         f"unknown model '{name}'; known presets: {_names(registry.presets)} "
-        f"(models: {_names(registry.models)}), or give a path to a .gguf file"
+        f"(models: {_names(registry.models)}), {otherwise}"
     )
 
 
 def models_for(name: str, registry: Registry) -> list[ModelEntry]:
     """Everything `specllm pull NAME` fetches: a preset's target and draft, or the one model."""
     preset = registry.presets.get(name)
-    if preset is None:
-        return [find_model(name, registry)]
+    if preset is None:  # pull and rm take no paths: name what they take instead
+        return [find_model(name, registry, "or an hf:ORG/REPO:QUANT name")]
     names = [preset.target] + ([preset.draft] if preset.draft else [])
     return [registry.models[n] for n in names]
 
