@@ -306,7 +306,8 @@ def test_out_of_bounds_flags_are_usage_errors(home, tiny_pair, flags, problem):
     "args, problem",
     [
         (["chat", "--top-p", "2"], "--top-p must be in [0, 1]"),
-        (["bench", "--repeats", "0"], "--repeats and --limit must be at least 1"),
+        (["bench", "--repeats", "0"], "--repeats must be at least 1, got 0"),
+        (["bench", "--limit", "-2"], "--limit must be at least 1, got -2"),
         (["bench", "--strategies", "off,fast"], "unknown strategies fast"),
         (["bench", "--strategies", ","], "--strategies ',' names no strategy"),
         (["bench", "--categories", ",,"], "--categories ',,' names no category"),
@@ -317,7 +318,7 @@ def test_out_of_bounds_flags_are_usage_errors(home, tiny_pair, flags, problem):
         (["run", "-p", "hi", "--json=true"], "Option '--json' does not take a value. (see `specllm run --help`)"),
         (["launch"], "No such command 'launch'"),
     ],
-    ids=["chat top-p", "bench repeats", "bench strategies", "bench no strategy", "bench categories", "bench category misspelt", "bench json folder", "serve log level", "missing value", "flag given a value", "unknown command"],
+    ids=["chat top-p", "bench repeats", "bench limit", "bench strategies", "bench no strategy", "bench categories", "bench category misspelt", "bench json folder", "serve log level", "missing value", "flag given a value", "unknown command"],
 )
 def test_other_usage_errors(home, args, problem):
     assert_one_error(specllm_here(home, *args), 2, problem)

@@ -53,8 +53,9 @@ def bench(
 ) -> None:
     """Measure plain decoding against each speculation strategy on the same prompts."""
     o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers, gpu_layers_draft, flash_attn)
-    if repeats < 1 or (limit is not None and limit < 1):
-        raise UsageError("--repeats and --limit must be at least 1")
+    for flag, value in (("--repeats", repeats), ("--limit", limit)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
     chosen = _strategies(strategies)
     params = o.sampling_params(temp, o.SAMPLING.top_k, o.SAMPLING.top_p, o.SAMPLING.min_p, seed)
     seed = params.seed if params.seed is not None else secrets.randbits(63)  # -1 (random): every run draws from seed + repeat
