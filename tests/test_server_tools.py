@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 
 import openai
 import pytest
@@ -42,6 +44,7 @@ TOOLS_TEMPLATE = (
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 PARIS = tools.ToolCall("get_weather", '{"city": "Paris"}')
 NAMES = ["get_weather", "get_time"]
+LONG_NUMBER = '<tool_call>{"name": "get_weather", "arguments": {"n": ' + "1" * 5000 + "}}"  # a model repeating a digit
 TEXTS = {  # what a model writes -> (content, calls)
     "a call in tags": (CALL, (None, [PARIS])),
     "words, then two calls": (
@@ -75,6 +78,8 @@ TEXTS = {  # what a model writes -> (content, calls)
     "words after the call": ("Checking.\n" + CALL + "\nI will tell you when I know.\n", ("Checking.\n\nI will tell you when I know.", [PARIS])),
     "plain words": ("It is sunny, I think.", ("It is sunny, I think.", [])),
     "a tag's beginning, and no tag": ("a <tool_ca", ("a <tool_ca", [])),
+    "brackets nested deeper than Python reads JSON": ("[" * 3000, ("[" * 3000, [])),
+    "a number longer than Python reads": (LONG_NUMBER, (LONG_NUMBER, [])),
 }
 
 
@@ -100,6 +105,16 @@ def test_streamed_content_never_shows_a_call_and_adds_up_to_the_whole(name):
             assert (content or "").startswith(sent) and OPEN not in sent  # the rest is sent at the end
         else:
             assert sent + stream.held() == text
+
+
+def test_reading_calls_takes_time_in_step_with_the_text():
+    """A small model stuck writing blank lines after an unclosed fence, or white space inside a call:
+    regexes took minutes over these (cubic, quadratic), on the event loop, and every client waited.
+    Read in a process of its own, so that a slow reading fails the test rather than hanging it."""
+    code = ("from specllm.server import tools\n"
+            "assert tools.split('```json\\n{\\n' + '    \\n' * 20000, ['f'])[1] == []\n"
+            "assert tools.split('<tool_call>x' + ' ' * 200000 + 'y', ['f'])[1] == []\n")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
 
 
 def test_a_required_call_is_begun_in_the_prompt_up_to_its_name():
@@ -171,6 +186,17 @@ def test_an_answer_without_a_call_is_text_whole_and_streamed(scripted_server):
     whole, chunks = ask(scripted_server, script, tools=[WEATHER])
     assert whole.finish_reason == "stop" and whole.message.content == "".join(script) and not whole.message.tool_calls
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "".join(script) and not streamed_calls(chunks)
+
+
+def test_a_lone_surrogate_the_model_escaped_in_a_call_goes_out_escaped(scripted_server):
+    """JSON's "\\ud83d" without its pair reads as a character UTF-8 cannot carry: it made a 500 and
+    cut the stream short; on the wire it is the escape the model wrote, which a client reads back."""
+    script = ['<tool_call>{"name": "get_weather", "arguments": {"city": "Paris \\ud83d"}}</tool_call>']
+    whole, chunks = ask(scripted_server, script, tools=[WEATHER])
+    arguments = '{"city": "Paris \ud83d"}'
+    assert whole.finish_reason == "tool_calls" and whole.message.tool_calls[0].function.arguments == arguments
+    assert streamed_calls(chunks) == [{"name": "get_weather", "arguments": arguments}]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 def test_the_tools_and_earlier_calls_reach_the_template(scripted_server):

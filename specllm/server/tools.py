@@ -15,14 +15,11 @@ wrote. Pure functions, no I/O.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FENCE, NAME_KEY = "```", '"name"'
-_FENCES = re.compile(r"\s*```(?:json)?\s*(.*?)\s*```\s*", re.DOTALL)
-_CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
 _BARE_KEYS = {"name", "arguments", "parameters"}  # all an untagged call's JSON may hold
 
 
@@ -55,15 +52,27 @@ def split(text: str, names: list[str]) -> tuple[str | None, list[ToolCall]]:
         bare = _bare_calls(text, names)
         return (None, bare) if bare else (text, [])
     calls, content, at = [], text[:start].rstrip(), start
-    for match in _CALL.finditer(text, start):
-        call = _read(match.group(1))
+    for opening, end, body in _tagged(text, start):
+        call = _read(body)
         if call is None:
             return text, []
         calls.append(call)
-        content = _with_paragraph(content, text[at : match.start()] if at > start else "")
-        at = match.end()
+        content = _with_paragraph(content, text[at:opening] if at > start else "")
+        at = end
     content = _with_paragraph(content, text[at:])
     return content or None, calls
+
+
+def _tagged(text: str, start: int):
+    """(where it opens, where it ends, its body stripped) of each call in tags from `start`, a body
+    running to its closing tag or the text's end. By `find`, not a regex: white space matched around
+    a lazy body backtracks quadratically over a long run of it, and this runs on the event loop."""
+    while start >= 0:
+        body = start + len(OPEN)
+        close = text.find(CLOSE, body)
+        end = len(text) if close < 0 else close + len(CLOSE)
+        yield start, end, text[body : len(text) if close < 0 else close].strip()
+        start = text.find(OPEN, end)
 
 
 def _with_paragraph(content: str, text: str) -> str:
@@ -71,16 +80,27 @@ def _with_paragraph(content: str, text: str) -> str:
 
 
 def _bare_calls(text: str, names: list[str]) -> list[ToolCall]:
-    blocks = list(_FENCES.finditer(text))
-    if blocks and sum(len(m.group(0)) for m in blocks) != len(text):
+    fenced = _fenced(text)
+    if fenced is None:
         return []  # words beside the blocks: an answer that shows JSON, not a call
-    fenced = [m.group(1) for m in blocks]
     values = [value for body in (fenced or [text]) for value in _json_values(body)]
     items = [item for value in values for item in (value if isinstance(value, list) else [value])]
     if not items or not all(isinstance(item, dict) and set(item) <= _BARE_KEYS and item.get("name") in names for item in items):
         return []
     calls = [_call(item) for item in items]
     return calls if all(calls) else []
+
+
+def _fenced(text: str) -> list[str] | None:
+    """The bodies of the ``` (or ```json) blocks the text is made of, white space around them; []
+    where there are none, None where anything else is beside them. Split, not a regex: white space
+    matched around a lazy body backtracks cubically over white space after an unclosed fence."""
+    parts = text.split(FENCE)
+    if len(parts) < 3:
+        return []
+    if len(parts) % 2 == 0 or any(part.strip() for part in parts[::2]):
+        return None
+    return [part.removeprefix("json").strip() for part in parts[1::2]]
 
 
 def _json_values(body: str) -> list:
@@ -94,7 +114,7 @@ def _json_values(body: str) -> list:
     while at < len(body):
         try:
             value, at = decoder.raw_decode(body, at)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, or JSON Python will not read (a 5,000-digit number, [[[[...)
             return []
         values.append(value)
         while at < len(body) and body[at] in " \t\r\n,":
@@ -114,7 +134,7 @@ def _call(call: dict) -> ToolCall | None:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(call.get("name"), str) or not isinstance(arguments, dict):
         return None
