@@ -7,6 +7,7 @@ at teardown; every wait is bounded.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -25,11 +26,12 @@ import openai
 import pytest
 
 from specllm.backend import LlamaBackend, LoadOptions
+from specllm.chat import encode_raw
 from specllm.costs_cache import save_costs
 from specllm.engine.costmodel import CostModel
 from specllm.engine.decode import StepDone
 from specllm.engine.sampling import SamplingParams, warp
-from specllm.server.app import Service
+from specllm.server.app import Service, create_app
 from specllm.server.endings import StopText
 from specllm.server.run import Server, listen
 from specllm.session import Engine, ModelPaths, SpecConfig
@@ -171,6 +173,16 @@ def test_text_completion_streaming_and_stop_strings(tiny_server):
         else:
             text, reason = answer.choices[0].text, answer.choices[0].finish_reason
         assert text == full.text[: full.text.find(stop)] and reason == "stop"
+
+
+def test_a_batch_of_one_prompt_is_that_prompt_as_text_or_token_ids(tiny_server):
+    """OpenAI's prompt may be text, token ids, or a batch of either: a batch of one token list (as
+    evaluation harnesses send it) was refused where a batch of one text was read."""
+    url, service = tiny_server
+    ids = encode_raw(service.engine.target, CODE)  # the tokens the text reads as
+    texts = {repr(prompt)[:12]: client(url).completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0).choices[0].text
+             for prompt in (ids, [ids], [CODE])}  # fmt: skip
+    assert len(set(texts.values())) == 1, texts
 
 
 def test_a_prompt_formatted_by_the_client_reads_as_the_servers_own_template(tiny_server):
@@ -485,6 +497,24 @@ def test_a_client_that_disconnects_mid_stream_stops_its_generation(paced_server)
     result = service.worker.recent[-1]
     assert result.finish_reason == "interrupted" and result.stats.tokens < 200  # 400 at 0.02 s a step: 8 s
     assert chat(url, "still there?", max_tokens=2).choices[0].message.content is not None
+
+
+def test_a_client_gone_before_its_body_came_is_answered_not_raised(tiny_server):
+    """An editor cancelling while its request is on the way: the app answers (to nobody) rather than
+    raising, which uvicorn logged as "Exception in ASGI application" with a traceback."""
+    _, service = tiny_server
+    arriving = iter([{"type": "http.request", "body": b'{"messages": [', "more_body": True}, {"type": "http.disconnect"}])
+    sent = []
+
+    async def receive():
+        return next(arriving)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [], "query_string": b""}
+    asyncio.run(create_app(service)(scope, receive, send))
+    assert sent[0]["status"] == 499 and service.worker.queued() == 0
 
 
 def test_an_aborted_generation_is_an_error_not_a_finished_answer(paced_server):

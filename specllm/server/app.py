@@ -15,7 +15,7 @@ from typing import Callable
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request as HttpRequest
+from starlette.requests import ClientDisconnect, Request as HttpRequest
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
@@ -26,7 +26,7 @@ from specllm.reasoning import REASONING, ThinkSplitter
 from specllm.server import parsing, rendering, tools
 from specllm.server.parsing import ApiError
 from specllm.server.rendering import Renderer
-from specllm.server.worker import Job, Result, Worker
+from specllm.server.worker import LEFT, Job, Result, Worker
 
 
 class Service:
@@ -110,7 +110,11 @@ def create_app(service: Service) -> Starlette:
 
 async def _generate(service: Service, kind: str, http: HttpRequest):
     try:
-        body = json.loads(await http.body())
+        data = await http.body()
+    except ClientDisconnect:  # gone before its body came (an editor cancelling): answered, not logged as a crash
+        raise ApiError(LEFT.status, LEFT.message, kind=LEFT.kind) from None
+    try:
+        body = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
     except ValueError:  # an integer longer than Python reads (4,300 digits by default)
@@ -237,7 +241,7 @@ class JobResponse:
     @staticmethod
     async def _event(send, obj: dict | None) -> None:
         if obj is not None:
-            data = b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+            data = b"data: " + _json_bytes(obj) + b"\n\n"
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
     def _reason(self, result: Result) -> str:
@@ -246,8 +250,14 @@ class JobResponse:
         return "stop" if result.stopped_by_text else rendering.finish_reason(result.finish_reason)
 
 
+def _json_bytes(obj: dict) -> bytes:
+    """JSON in UTF-8. A lone surrogate, which UTF-8 cannot carry, goes out as its JSON escape: a tool
+    call's arguments hold one where the model wrote "\\ud83d" without its pair."""
+    return json.dumps(obj, ensure_ascii=False).encode("utf-8", "backslashreplace")
+
+
 async def _send_json(send, status: int, body: dict) -> None:
-    data = json.dumps(body, ensure_ascii=False).encode()
+    data = _json_bytes(body)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
     headers += [(name.lower().encode(), value.encode()) for name, value in _retry_after(status).items()]
     await send({"type": "http.response.start", "status": status, "headers": headers})

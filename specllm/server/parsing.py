@@ -304,8 +304,8 @@ def _content(value, role: str, param: str) -> str:
 
 def _prompt(value, infill: bool) -> str | list[int]:
     """A completion's prompt; with a `suffix` (`infill`), the text before the gap: text, and it may be empty."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
-        value = value[0]
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]  # a batch of one, text or token ids (as evaluation harnesses send it)
     if isinstance(value, str):
         if not value and not infill:
             raise ApiError(400, "'prompt' is empty", "prompt")
@@ -314,7 +314,7 @@ def _prompt(value, infill: bool) -> str | list[int]:
         raise ApiError(400, "with a 'suffix', 'prompt' must be the text before the gap", "prompt")
     if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         return list(value)
-    raise ApiError(400, "'prompt' must be a non-empty string (or one array of token ids); batches are not supported", "prompt")
+    raise ApiError(400, "'prompt' must be a non-empty string or array of token ids; batches of more than one are not supported", "prompt")
 
 
 def _params(body: dict) -> SamplingParams:
