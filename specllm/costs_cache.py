@@ -61,9 +61,12 @@ def save_learned(path: Path | None, key: str, calibrated: CostModel, learned: Co
 
 def _entry(data: dict, key: str) -> CostModel | None:
     try:
-        return CostModel.from_dict(data[key])
+        costs = CostModel.from_dict(data[key])
     except (ValueError, KeyError, TypeError, AttributeError):
         return None  # a damaged cache is simply measured again
+    # no sizes, or a size that costs nothing or NaN: damaged too (the cost model cannot price from it)
+    seconds = list(costs.batch_seconds.values())
+    return costs if seconds and all(math.isfinite(s) and s > 0 for s in seconds) else None
 
 
 def _read_cache(path: Path | None) -> dict:

@@ -149,7 +149,9 @@ class Engine:
         these models (then loaded, to be held)."""
         sizes = batch_sizes(self.max_batch, self.target.n_ctx)
         if self._costs is None or max(self._costs.batch_seconds) < sizes[-1]:
-            self._costs = load_costs(self.cost_cache, self._cost_key(self.max_batch))
+            cached = load_costs(self.cost_cache, self._cost_key(self.max_batch))
+            # a calibration times every size: one without them all is damaged, and measured again
+            self._costs = cached if cached is not None and set(sizes) <= cached.batch_seconds.keys() else None
         return self._costs is not None
 
     def _cost_key(self, max_batch: int) -> str:

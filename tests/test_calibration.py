@@ -242,6 +242,22 @@ def test_a_damaged_or_mismatched_learned_curve_is_left_for_the_calibration(tmp_p
     assert load_learned(tmp_path / "missing.json", "k", SECOND_A_PASS) is None
 
 
+def test_a_damaged_calibration_in_the_cache_is_measured_again(monkeypatch, tiny_pair, tmp_path):
+    """An entry for this key with no sizes (`max()` of nothing crashed the run), only some of them
+    (pricing a batch beyond them needs two), or a size costing NaN or nothing: measured again."""
+    options = LoadOptions(n_ctx=256, n_threads=1)
+    cache = tmp_path / "costs.json"
+    measured = CostModel({k: 0.01 * k for k in range(1, 33)}, steady=False)  # not cached: each case starts damaged
+    monkeypatch.setattr("specllm.session.measure_costs", lambda *args, **kwargs: measured)
+    whole = {str(k): 0.01 * k for k in range(1, 33)}
+    for sizes in ({}, {"1": 0.01}, {"1": 0.01, "2": 0.02}, whole | {"5": float("nan")}, whole | {"1": 0.0}):
+        engine = Engine(ModelPaths(tiny_pair[0]), SpecConfig("auto"), options, options, cost_cache=cache)
+        cache.write_text(json.dumps({engine._cost_key(32): {"batch_seconds": sizes}}), "utf-8")
+        assert not engine.costs_known(), sizes
+        assert engine.costs() is measured and engine.learned_costs().batch_seconds == measured.batch_seconds
+        engine.close()
+
+
 def test_a_size_learned_from_stalls_starts_again_from_its_calibration(tmp_path):
     """Learned before timings were bounded: a batch of 4 at 4.76 single passes where the calibration
     (and a direct timing) says 1.73. It starts again from its calibrated share of one token's pass
