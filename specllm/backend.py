@@ -429,7 +429,13 @@ class LlamaBackend:
             batch.seq_id[i][0] = 0
             batch.logits[i] = want
         batch.n_tokens = len(chunk)
-        status = self._lib.llama_decode(self._ctx, batch)
+        try:
+            status = self._lib.llama_decode(self._ctx, batch)
+        except BaseException:
+            # A Ctrl-C lands in the pass and is raised as it returns, the batch in the KV cache: count what
+            # llama.cpp holds, or rewind(0) keeps it and the next evaluation fails (status -1).
+            self.n_past = int(self._lib.llama_memory_seq_pos_max(self._memory, 0)) + 1
+            raise
         if status != 0:
             raise SpecllmError(f"llama.cpp failed to evaluate a batch of {len(chunk)} tokens (status {status})")
         self.n_past += len(chunk)

@@ -366,3 +366,35 @@ def test_a_ctrl_c_during_a_load_is_delivered_when_the_load_returns():
     with pytest.raises(KeyboardInterrupt):
         with _signals_held():
             _c_calls_back_into_python_after_a_ctrl_c()
+
+
+class _CtrlCAsThePassReturns:
+    """llama_cpp as the backend calls it, but a Ctrl-C pressed during `llama_decode`: Python raises
+    it as the call returns, the batch already in the KV cache."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def llama_decode(self, ctx, batch):
+        self._lib.llama_decode(ctx, batch)
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("held", [0, 5])
+def test_a_pass_stopped_by_ctrl_c_leaves_a_cache_that_rewinds(model, held):
+    """A chat whose first prefill or calibration pass met Ctrl-C starts afresh (rewind(0)): with the
+    batch in the KV cache but not in `n_past`, that rewind kept it and every later pass failed."""
+    tokens = model.tokenize(TEXT)
+    expected = model.evaluate(tokens, [len(tokens) - 1])
+    model.rewind(0)
+    model.evaluate(tokens[:held], [])
+    lib, model._lib = model._lib, _CtrlCAsThePassReturns(model._lib)
+    with pytest.raises(KeyboardInterrupt):
+        model.evaluate(tokens[held:], [])
+    model._lib = lib
+    assert model.n_past == len(tokens)
+    model.rewind(0)
+    assert_same_rows(model.evaluate(tokens, [len(tokens) - 1]), expected, "after the interrupted pass")
