@@ -251,6 +251,22 @@ def test_a_draft_models_tokens_past_the_targets_end_token_are_never_drafted():
     assert sum(s.drafted for s in steps) == len(done.tokens) + 1  # the draft ended with the end token
 
 
+@pytest.mark.parametrize("kind", ["draft", "ngram+draft"])
+def test_a_draft_model_with_fewer_tokens_than_the_target_reads_every_history(kind):
+    """The vocabulary check lets a draft model lack a few of the target's last ids (a fine-tune's added
+    chat tokens): a history holding one made its catch-up fail (llama.cpp refuses an id past the
+    vocabulary; the fake's table too), and so the run. The output stays plain decoding's."""
+    prompt = [7, 1, 6, 2, 7, 1, 6, 2, 7]  # ids 6 and 7: the target's only
+    reference = generate_plain(FakeBackend(seed=0), prompt, 30, GREEDY, np.random.default_rng(0))
+    drafter = ModelDrafter(FakeBackend(n_vocab=6, seed=1), p_min=0.0, n_vocab=8)
+    if kind == "ngram+draft":
+        drafter = ChainDrafter([NgramDrafter(2, 3), drafter])
+    done, events = _run(Decoder(FakeBackend(seed=0), drafter, fixed_budget(4)), prompt, 30, GREEDY)
+    assert done.tokens == reference and sum(e.drafted for e in events if isinstance(e, StepDone)) > 0
+    sampled = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    assert len(_run(Decoder(FakeBackend(seed=0), drafter, fixed_budget(4)), prompt, 30, sampled)[0].tokens) == 30
+
+
 def test_an_engines_draft_model_stops_at_the_targets_end_tokens(tiny_pair):
     from specllm.backend import LoadOptions
     from specllm.session import Engine, ModelPaths, SpecConfig

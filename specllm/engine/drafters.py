@@ -216,7 +216,11 @@ class ModelDrafter:
         new = history[keep:]
         self.caught_up = len(new)
         started = time.perf_counter()
-        logits = self.model.evaluate(new, [len(new) - 1], copy=False)[0]
+        # A target token the draft model's smaller vocabulary lacks (the vocabulary check allows a few) would
+        # make llama.cpp refuse the batch: it reads token 0 there; verification keeps the output exact.
+        own = self.model.n_vocab
+        readable = new if max(new) < own else [token if token < own else 0 for token in new]
+        logits = self.model.evaluate(readable, [len(new) - 1], copy=False)[0]
         self.catch_up_seconds = time.perf_counter() - started
         self.kv_tokens.extend(new)
         return self._fit(logits)
