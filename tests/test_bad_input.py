@@ -183,6 +183,21 @@ def test_empty_or_undecodable_prompt(home, tiny_pair, args, stdin, code, problem
     assert_one_error(done, code, problem)
 
 
+@pytest.mark.parametrize("redirect", ["<&-", "0>/dev/null"], ids=["closed", "write-only"])
+def test_a_closed_or_unreadable_stdin_is_no_prompt_and_never_blamed_on_the_output(home, tiny_pair, redirect):
+    """Started with stdin closed (Python's sys.stdin is None) `run -p` has its prompt and a chat an
+    empty script; stdin open for writing only is one error that names stdin, not the output."""
+    shell = ("sh", "-c", f'exec "$@" {redirect}', "sh")
+    ran = specllm(home, "run", "-m", tiny_pair[0], "-p", "hi", "-n", "3", "--temp", "0", "--spec", "off", prefix=shell)
+    chatted = specllm(home, "chat", "-m", tiny_pair[0], "-n", "3", "--spec", "off", prefix=shell)
+    if redirect == "<&-":
+        assert (ran.returncode, ran.stderr) == (0, "") and ran.stdout.strip()
+        assert (chatted.returncode, chatted.stdout, chatted.stderr) == (0, "", "")
+    else:
+        assert_one_error(ran, 1, "cannot read standard input: Bad file descriptor")
+        assert_one_error(chatted, 1, "cannot read standard input: Bad file descriptor")
+
+
 def test_chat_script_with_invalid_utf8_keeps_the_replies_so_far(home, tiny_pair):
     script = b"hello\n\xff\xfe oops\nnever read\n"
     done = specllm(home, "chat", "-m", tiny_pair[0], "-n", "5", "--temp", "0", "--spec", "off", stdin=script)

@@ -94,6 +94,13 @@ def test_summaries_only_when_asked_or_at_a_terminal(engines):
     assert "tok/pass" in verbose.stderr and "tok/pass" not in verbose.stdout
 
 
+def test_a_byte_order_mark_before_a_scripts_first_command_leaves_it_a_command(engines):
+    result = chat(["\ufeff/set max_tokens 3", "hello"], "--temp", "0")  # a script saved by Notepad or PowerShell
+    assert result.exit_code == 0, result.output
+    assert "Now temp 0" in result.stderr and "max_tokens 3" in result.stderr
+    assert result.stdout == reference_reply(user("hello"), 3) + "\n"  # the only message, cut at 3 tokens
+
+
 def test_multi_line_block_is_one_message(engines):
     result = chat(['"""', "def f():", "    return 1", '"""', '"""one line"""'], *GREEDY_FLAGS)
     assert result.exit_code == 0, result.output

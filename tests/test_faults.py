@@ -257,6 +257,21 @@ def test_signal_during_run_keeps_the_text(home, tiny_pair, sig, code, said):
     assert full_text.startswith(text[:-1]) or text.startswith(full_text)  # what was generated, in order
 
 
+@pytest.mark.parametrize("sig, code, said", [(signal.SIGINT, 130, "Interrupted."), (signal.SIGTERM, 143, "Terminated.")], ids=["sigint", "sigterm"])
+def test_signal_during_a_chat_script_ends_the_reply_and_the_chat(home, tiny_pair, tmp_path, sig, code, said):
+    """As in `run`: the reply stops after its step and its line ends; no later message is answered."""
+    script = tmp_path / "script.txt"
+    script.write_text("Tell me a long story.\nAnd another one.\n")
+    with script.open("rb") as stdin:
+        process = popen(home, "chat", "-m", tiny_pair[0], *LONG_RUN[:-2], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = wait_for_output(process)
+    process.send_signal(sig)
+    rest, errors = process.communicate(timeout=120)
+    text = (first + rest).decode()
+    assert process.returncode == code and errors.decode().strip() == said
+    assert text.endswith("\n") and text.count("\n") == text.rstrip("\n").count("\n") + 1
+
+
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc to see when the model is loaded")
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["sigint", "sigterm"])
 def test_signal_during_run_json_still_writes_the_object(home, tiny_pair, sig, code):

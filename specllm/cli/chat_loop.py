@@ -9,6 +9,7 @@ drive the loop with a list of lines.
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Callable
 
@@ -39,7 +40,7 @@ from specllm.cli.display import (
     summary_text,
 )
 from specllm.cli.common import cost_curve
-from specllm.cli.interrupt import StopOnSignal
+from specllm.cli.interrupt import StopOnSignal, Terminated
 from specllm.engine.stats import Stats
 from specllm.errors import SpecllmError, UsageError
 from specllm.session import STRATEGIES
@@ -75,6 +76,7 @@ class ChatLoop:
         self.replies = 0
         self.unsent = 0  # messages refused (too long) or cut off by the input's end: a script's exit says so
         self.block = MultiLine()
+        self.stopped_by: int | None = None  # the signal that stopped the last reply
 
     # -- reading -------------------------------------------------------------------------
 
@@ -228,6 +230,8 @@ class ChatLoop:
             self.conversation.add("assistant", reply)
             self.replies += 1
             self.explain(reason)
+        if reason == "interrupted" and self.stopped_by == signal.SIGTERM:
+            raise Terminated()  # after the step, the reply's line ended and kept, as `run` does (exit 143)
         if reason == "interrupted" and not self.interactive:
             raise KeyboardInterrupt  # a script stops on Ctrl-C, as `run` does (exit 130)
 
@@ -271,8 +275,9 @@ class ChatLoop:
         live = LiveStatus(self.live)
         splitter = reasoning_splitter(self.engine.target, prompt)
         reply = ReplyWriter(splitter, TokenWriter(self.out, colour=self.colour), ReasoningWriter(live, self.err))
+        stopper = StopOnSignal(terminate=True)  # SIGTERM too: the reply stops after its step and is kept
         try:
-            with StopOnSignal() as stopper, live:
+            with stopper, live:
                 events = self.decoder.generate(
                     prompt, self.settings.max_tokens, self.settings.params, self.rng, stop=stopper.requested
                 )
@@ -282,6 +287,7 @@ class ChatLoop:
                 raise
             # A second Ctrl-C lands mid-step: the KV caches may not match the history, so start afresh.
             self.decoder = self.engine.decoder(self.strategy)
+        self.stopped_by = stopper.received
         reply.finish()
         reason = done.finish_reason if done is not None else "interrupted"
         text = "".join(reply.written)
@@ -313,18 +319,24 @@ class ChatLoop:
 
 def script_reader(stream) -> ReadLine:
     """Lines from a pipe or file: no prompts, no echo."""
+    first = True
 
     def read(prompt: str) -> str:  # noqa: ARG001
+        nonlocal first
         try:
-            line = stream.readline()
+            line = stream.readline() if stream is not None else ""  # None: stdin closed (`<&-`), an empty script
         except UnicodeDecodeError as exc:
             raise SpecllmError(f"standard input is not valid UTF-8 (byte {exc.start})") from None
+        except OSError as exc:  # main would call it a failure to write the output
+            raise SpecllmError(f"cannot read standard input: {exc.strerror or exc}") from None
         if not line:
             raise EOFError
         try:  # a C locale decodes stdin with surrogateescape: undecodable bytes arrive as lone surrogates
             line.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise SpecllmError(f"standard input is not valid UTF-8 (character {exc.start + 1} of the line)") from None
+        if first:  # a BOM (Notepad, PowerShell) would make a first `/set ...` a message to the model
+            line, first = line.removeprefix("\ufeff"), False
         return line.rstrip("\r\n")
 
     return read

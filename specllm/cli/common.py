@@ -165,8 +165,11 @@ def _colour_ok() -> bool:
 def read_prompt(prompt: str | None) -> str:
     """Piped stdin first, then the --prompt text, as llm and ollama do."""
     piped = None
-    if not sys.stdin.isatty():
-        data = sys.stdin.buffer.read()
+    if sys.stdin is not None and not sys.stdin.isatty():  # None: started with stdin closed (`<&-`)
+        try:
+            data = sys.stdin.buffer.read()
+        except OSError as exc:  # main would call it a failure to write the output
+            raise SpecllmError(f"cannot read standard input: {exc.strerror or exc}") from None
         try:
             piped = data.decode("utf-8")
         except UnicodeDecodeError as exc:
