@@ -198,6 +198,18 @@ def test_a_closed_or_unreadable_stdin_is_no_prompt_and_never_blamed_on_the_outpu
         assert_one_error(chatted, 1, "cannot read standard input: Bad file descriptor")
 
 
+def test_a_closed_stdout_is_one_error_and_a_closed_stderr_keeps_stdout_the_texts(home, tiny_pair):
+    """Started with stdout closed, a write raised AttributeError (reported as a bug); with stderr
+    closed, an error line went to stdout (print's file=None) or failed, and a usage error exited 1."""
+    closed = {stream: ("sh", "-c", f'exec "$@" {stream}>&-', "sh") for stream in (1, 2)}
+    for args in (["run", "-m", tiny_pair[0], "-p", "hi", "-n", "3", "--spec", "off"], ["models"]):
+        assert_one_error(specllm(home, *args, prefix=closed[1]), 1, "cannot write the output: Bad file descriptor")
+    ran = specllm(home, "run", "-m", tiny_pair[0], "-p", "hi", "-n", "3", "--temp", "0", "--spec", "off", prefix=closed[2])
+    assert ran.returncode == 0 and ran.stdout.strip()
+    refused = specllm(home, "run", "-m", tiny_pair[0], "-p", "hi", "--temp", "nan", prefix=closed[2])
+    assert (refused.returncode, refused.stdout) == (2, "")
+
+
 def test_chat_script_with_invalid_utf8_keeps_the_replies_so_far(home, tiny_pair):
     script = b"hello\n\xff\xfe oops\nnever read\n"
     done = specllm(home, "chat", "-m", tiny_pair[0], "-n", "5", "--temp", "0", "--spec", "off", stdin=script)

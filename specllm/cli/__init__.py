@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import signal
 import sys
@@ -21,7 +23,10 @@ ClickException = _click_errors.ClickException
 
 
 def _error(message: str) -> None:
-    print(f"Error: {message}", file=sys.stderr)
+    try:
+        print(f"Error: {message}", file=sys.stderr)
+    except (OSError, ValueError):  # stderr closed, its descriptor taken by a file Python opened: the exit code still tells
+        pass
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     which would turn Ctrl-C into exit code 1 or 0 and a closed pipe into exit code 1.
     """
     signal.signal(signal.SIGTERM, _raise_terminated)
+    _stand_in_for_closed_streams()
     command = typer.main.get_command(app)
     args = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -103,6 +109,28 @@ def _usage_error(exc, subcommand: str | None = None) -> None:
 def _describe_os_error(exc: OSError) -> str:
     reason = exc.strerror or one_line(exc)
     return f"{exc.filename}: {reason}" if exc.filename else f"cannot write the output: {reason}"
+
+
+class _ClosedOutput(io.TextIOBase):
+    """stdout when the process started with it closed: the first write fails as writing to a closed
+    descriptor does (`echo hi >&-`), and main says so in one line; `serve`, which writes nothing
+    there, runs."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _stand_in_for_closed_streams() -> None:
+    """Started with stdout or stderr closed (`>&-`), Python leaves them None: a write to stdout
+    raised AttributeError (reported as a bug), and print(file=None), every error line, wrote to
+    stdout, among the generated text."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the process's life: what would go there is lost, as the user asked
+    if sys.stdout is None:
+        sys.stdout = _ClosedOutput()
 
 
 def _raise_terminated(signum, frame):  # noqa: ARG001
