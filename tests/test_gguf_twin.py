@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import io
+import struct
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFReader, quants
+from gguf import GGUF_MAGIC, GGMLQuantizationType, GGUFReader, quants
 
 from specllm.backend import LlamaBackend, LoadOptions
+from specllm.errors import SpecllmError
+from specllm.models import gguf
 from tests.script_loader import load_script
 
 twin = load_script("gguf_twin")
@@ -62,3 +65,37 @@ def test_a_resized_twin_runs_and_at_the_models_own_sizes_is_its_layout(tiny_pair
         assert [fields[f"llama.{key}"].contents() for key in ("block_count", "embedding_length", "attention.head_count_kv")] == [3, 128, 2]
     finally:
         backend.close()
+
+
+def _lying_header(tensor_count: int, kv_count: int, body: bytes, size: int) -> bytes:
+    head = struct.pack("<I", GGUF_MAGIC) + struct.pack("<IQQ", 3, tensor_count, kv_count) + body
+    return head + bytes(size - len(head))
+
+
+def _key(name: bytes, vtype: int) -> bytes:
+    return struct.pack("<Q", len(name)) + name + struct.pack("<I", vtype)
+
+
+@pytest.mark.parametrize(
+    "kind, header",
+    [
+        # a vocabulary whose first string claims 2**64 - 9 bytes: an offset past 2**63
+        ("string length", _lying_header(0, 1, _key(b"tokenizer.ggml.tokens", 9) + struct.pack("<IQQ", 8, 2, 2**64 - 9), 200)),
+        ("array count", _lying_header(0, 2, _key(b"x", 9) + struct.pack("<IQ", 10, 2**62), 200)),
+        ("key count", _lying_header(0, 2**63, b"", 4_000_000)),  # zeros after it: empty keys, 13 bytes each
+        ("tensor count", _lying_header(2**40, 0, b"", 4_000_000)),
+        ("zeros past the keys", _lying_header(0, 1000, b"", 4_000_000)),
+    ],
+    ids=lambda case: case if isinstance(case, str) else "",
+)
+def test_inspect_refuses_a_lying_header_at_once(tmp_path, monkeypatch, kind, header):
+    """Counts and lengths the file cannot hold are a damaged header: one line, no traceback, and no
+    walk over what the counts claim (13 bytes a key over a 1.6 GB file of zeros took minutes)."""
+    path = tmp_path / "lying.gguf"
+    path.write_bytes(header)
+    strings = []  # every key and tensor name read
+    read_string = gguf._string
+    monkeypatch.setattr(gguf, "_string", lambda data, offset: strings.append(offset) or read_string(data, offset))
+    with pytest.raises(SpecllmError, match="truncated GGUF|damaged GGUF") as caught:
+        gguf.inspect(path)
+    assert str(path) in str(caught.value) and len(strings) <= 2

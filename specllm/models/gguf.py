@@ -65,7 +65,7 @@ def inspect(path: str | Path) -> GGUFInfo:
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
             try:
                 return _walk(path, data)
-            except (struct.error, _PastEnd):
+            except (struct.error, OverflowError, _PastEnd):  # OverflowError: a length that points past 2**63
                 raise SpecllmError(f"{path}: truncated GGUF: the file ends inside its header ({size} bytes)") from None
             except (IndexError, ValueError, KeyError) as exc:
                 raise SpecllmError(f"{path}: damaged GGUF header ({exc})") from None
@@ -81,10 +81,17 @@ def _walk(path: Path, data: mmap.mmap) -> GGUFInfo:
     if version not in (2, 3):
         raise SpecllmError(f"{path}: unsupported GGUF version {version}")
     info.tensor_count = tensor_count
+    # every key and tensor takes 13 and 24 bytes at least: a count the file cannot hold is a lie, not minutes of walking
+    if kv_count * 13 + tensor_count * 24 > len(data):
+        raise _PastEnd()
     offset = 24
     alignment = gguf.GGUF_DEFAULT_ALIGNMENT
+    keys: set[str] = set()
     for _ in range(kv_count):
         key, offset = _string(data, offset)
+        if key in keys:  # llama.cpp refuses it too; and zeros past a lying count read as empty keys
+            raise ValueError(f"duplicate key {key!r}")
+        keys.add(key)
         (vtype,), offset = struct.unpack_from("<I", data, offset), offset + 4
         start = offset
         value, offset = _value(data, offset, gguf.GGUFValueType(vtype))
@@ -129,6 +136,8 @@ def _string(data: mmap.mmap, offset: int) -> tuple[str, int]:
 def _skip_strings(data: mmap.mmap, offset: int, count: int) -> int:
     """The offset after `count` strings starting at `offset`, read by their lengths alone."""
     length_at = _LENGTH.unpack_from
+    if count * 8 > len(data) - offset:
+        raise _PastEnd()
     for _ in range(count):
         offset += 8 + length_at(data, offset)[0]
     if offset > len(data):
@@ -147,6 +156,8 @@ def _value(data: mmap.mmap, offset: int, vtype: gguf.GGUFValueType):
             return None, offset + count * struct.calcsize(_SCALARS[item_type])
         if item_type == gguf.GGUFValueType.STRING:  # a vocabulary or its merges: 150k strings, lengths only
             return None, _skip_strings(data, offset, count)
+        if count * 12 > len(data) - offset:  # only arrays of arrays come here: 12 bytes each at least
+            raise _PastEnd()
         for _ in range(count):
             _, offset = _value(data, offset, item_type)
         return None, offset
