@@ -420,6 +420,32 @@ def test_a_copy_after_the_draft_models_tokens_keeps_the_target_distribution(virt
     _mixed_drafts(_ModelThenCopy, 13, virtual_clock, classify)
 
 
+@pytest.mark.parametrize("policy, first", [(_NgramThenModel, "ngram"), (_ModelThenCopy, "draft")], ids=["copy then model", "model then copy"])
+def test_a_mixed_drafts_tokens_are_counted_by_their_own_source(virtual_clock, policy, first):
+    """In a draft of both sources each token is counted as its source's: the draft model's tokens
+    after a copy counted as the n-gram cache's, and a copy after the model's as the model's."""
+    draft = FakeBackend(seed=1, clock=virtual_clock, pass_seconds=AUTO_COSTS.catch_up)
+    drafter = AutoDrafter(NgramDrafter(1, 3), ModelDrafter(draft, 0.0), policy(AUTO_COSTS.copy(), has_draft_model=True))
+    _, events = _run(Decoder(_target(8, clock=virtual_clock), drafter, fixed_budget(8)), PROMPT, 60, GREEDY)
+    steps = [e for e in events if isinstance(e, StepDone)]
+    mixed = [step for step in steps if step.sources]
+    assert mixed and all(step.sources[0] == first and set(step.sources) == {"ngram", "draft"} for step in mixed)
+    stats, committed = Stats(), Counter()
+    for event in events:
+        stats.update(event)
+        if isinstance(event, TokenCommitted):
+            committed[event.source] += 1
+    def share(step, name):  # (drafted, accepted) of `name`'s tokens in a step
+        sources = step.sources or (step.source,) * step.drafted
+        return sources.count(name), sources[: step.accepted].count(name)
+
+    for name in ("ngram", "draft"):
+        own = [share(step, name) for step in steps if name in (step.sources or (step.source,))]
+        assert (stats.by_source[name].drafted, stats.by_source[name].accepted) == tuple(map(sum, zip(*own)))
+        assert committed[name] == stats.by_source[name].accepted  # every accepted drafted token is committed here (no end token)
+    assert stats.drafted == sum(s.drafted for s in steps) and stats.accepted == sum(s.accepted for s in steps)
+
+
 def test_an_ngram_draft_the_draft_model_continues_is_greedy_text_unchanged(virtual_clock):
     reference = generate_plain(FakeBackend(seed=0), PROMPT, 40, GREEDY, np.random.default_rng(0))
     draft = FakeBackend(seed=1, clock=virtual_clock, pass_seconds=AUTO_COSTS.catch_up)

@@ -72,7 +72,8 @@ class AutoDrafter:
         q_draft = extension.q_draft
         if q_draft is not None:  # the copy's tokens are one-hot: an n-gram draft is exact
             q_draft = [None] * n + list(q_draft)
-        return replace(copy, tokens=copy.tokens + extension.tokens, q_draft=q_draft, model_seconds=extension.model_seconds)
+        sources = ("ngram",) * n + ("draft",) * len(extension.tokens)
+        return replace(copy, tokens=copy.tokens + extension.tokens, q_draft=q_draft, model_seconds=extension.model_seconds, sources=sources)
 
     def _propose_from_model(self, history, max_tokens, params, rng, after: list[float] = ()) -> Draft | None:
         """The draft model's draft after `history` (which may end in an n-gram draft whose tokens'
@@ -129,7 +130,8 @@ class AutoDrafter:
         q_draft = draft.q_draft
         if q_draft is not None:
             q_draft = list(q_draft) + [None] * len(tokens)
-        return replace(draft, tokens=draft.tokens + tokens, q_draft=q_draft)
+        sources = ("draft",) * len(draft.tokens) + ("ngram",) * len(tokens)
+        return replace(draft, tokens=draft.tokens + tokens, q_draft=q_draft, sources=sources)
 
     def commit(self, history) -> None:
         self.ngram.commit(history)

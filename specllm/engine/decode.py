@@ -48,6 +48,7 @@ class StepDone:
     verify_seconds: float
     seconds: float  # wall time of the whole step
     model_seconds: float = 0.0  # the part of draft_seconds spent in the draft model (its catch-up included)
+    sources: tuple[str, ...] = ()  # each drafted token's source where the draft mixed them (`Draft.sources`)
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ class Decoder:
         if self.drafter is not None:
             self.drafter.feedback(draft, verdict.accepted, draft_seconds, verify_seconds, rows[: verdict.accepted + 1])
         new = draft.tokens[: verdict.accepted] + [verdict.token]
-        sources = [draft.source] * verdict.accepted + ["target"]
+        sources = draft.token_sources()[: verdict.accepted] + ["target"]
         ended = False
         for kept, (token, source) in enumerate(zip(new, sources), start=1):
             self.history.append(token)
@@ -168,6 +169,7 @@ class Decoder:
             verify_seconds,
             time.perf_counter() - step_started,
             draft.model_seconds,
+            tuple(draft.token_sources()) if draft.sources else (),
         )
         return ended
 

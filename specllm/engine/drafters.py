@@ -25,9 +25,15 @@ class Draft:
     # A warped draft probability row (V,) per token, None for one-hot on it (an n-gram token), or None: all one-hot.
     # A list, not a stacked array: at 151,936 tokens a row is 1.2 MB, and one-hot rows need none.
     q_draft: Sequence[np.ndarray | None] | None
-    source: str  # "ngram" or "draft"
+    source: str  # "ngram" or "draft": where the draft begins
     span: int = 0  # n-gram: how many tokens of context agree with the copied text; draft model: 0
     model_seconds: float = 0.0  # time the draft model spent on this proposal (its catch-up, and its load at a first use, included)
+    # Each token's source where `auto` mixes them in one draft (a copy the draft model continues, or
+    # the model's tokens and the copy they ran into); empty: every token is `source`'s.
+    sources: tuple[str, ...] = ()
+
+    def token_sources(self) -> list[str]:
+        return list(self.sources[: len(self.tokens)]) if self.sources else [self.source] * len(self.tokens)
 
 
 class Drafter(Protocol):

@@ -62,11 +62,12 @@ class Stats:
             return
         self.drafted += step.drafted
         self.accepted += step.accepted
-        source = self.by_source.setdefault(step.source, SourceStats())
-        source.steps += 1
-        source.drafted += step.drafted
-        source.accepted += step.accepted
-        source.lengths[step.drafted] = source.lengths.get(step.drafted, 0) + 1
+        for name, drafted, accepted in _parts(step):
+            source = self.by_source.setdefault(name, SourceStats())
+            source.steps += 1
+            source.drafted += drafted
+            source.accepted += accepted
+            source.lengths[drafted] = source.lengths.get(drafted, 0) + 1
         while len(self.per_position) < step.drafted:
             self.per_position.append([0, 0])
         for i in range(step.drafted):
@@ -136,3 +137,16 @@ class Stats:
             ],
             "finish_reason": self.finish_reason,
         }
+
+
+def _parts(step) -> list[tuple[str, int, int]]:
+    """(source, tokens drafted, tokens accepted) for each source of a step's draft: one, or where
+    `auto` mixed them in one draft each source's share, so the draft model's tokens are counted as its own."""
+    if not step.sources:
+        return [(step.source, step.drafted, step.accepted)]
+    parts: dict[str, list[int]] = {}
+    for i, name in enumerate(step.sources):
+        part = parts.setdefault(name, [0, 0])
+        part[0] += 1
+        part[1] += i < step.accepted
+    return [(name, drafted, accepted) for name, (drafted, accepted) in parts.items()]
