@@ -80,7 +80,8 @@ class Worker:
             try:
                 self.jobs.put_nowait(job)
             except queue.Full:
-                raise busy(f"the server is busy: {self.queue_size} requests are already waiting; retry later") from None
+                waiting = "1 request is" if self.queue_size == 1 else f"{self.queue_size} requests are"
+                raise busy(f"the server is busy: {waiting} already waiting; retry later") from None
 
     def _drop_left(self) -> None:
         """Take out the waiting jobs whose clients have left (answered, so their handlers end): their
