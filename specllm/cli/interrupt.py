@@ -1,6 +1,6 @@
-"""Ctrl-C (and, for `run`, SIGTERM) during generation: the first signal asks the decoder to stop
-after its current step (so what was generated is kept and the KV cache stays consistent); a second
-one is a hard stop."""
+"""Ctrl-C (and, for `run` and a `chat` reply, SIGTERM) during generation: the first signal asks the
+decoder to stop after its current step (so what was generated is kept and the KV cache stays
+consistent); a second one is a hard stop."""
 
 from __future__ import annotations
 
