@@ -58,7 +58,7 @@ def serve(
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     sock = listen(host, port)  # a port in use is said before minutes of loading and measuring
     try:
-        # a server's log says why it is not listening yet, a terminal or not
+        # a server's log says why it is not answering yet, a terminal or not (a client that connects meanwhile waits for it)
         engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, flash_attn, announce=True, think=not no_think)
     except BaseException:
         sock.close()
