@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import gguf
@@ -234,6 +235,30 @@ def test_a_file_already_in_the_hugging_face_cache_is_linked_not_downloaded(home,
     path = store.resolve_model(f"hf:{REPO}:Q4_K_M")
     assert path.read_bytes() == tiny["target"].read_bytes() and local_hub.downloads(".gguf") == []
     assert path.stat().st_ino == (snapshot / "tiny-Q4_K_M.gguf").stat().st_ino  # one copy on disk
+
+
+def test_a_resumed_part_linked_from_the_hugging_face_cache_never_writes_into_it(tmp_path):
+    """A part adopted by a hard link from the Hugging Face cache, then short of the hub's file (changed
+    since): the rest is appended to a copy of its own, and the cache's file stays as it was."""
+
+    class Answer:
+        status_code = 206
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def iter_bytes(self):
+            yield b"-rest"
+
+    client = SimpleNamespace(stream=lambda method, url, headers, follow_redirects, timeout: Answer())
+    blob, part = tmp_path / "hf-blob", tmp_path / "model.gguf.part"
+    blob.write_bytes(b"head")
+    os.link(blob, part)
+    transfer.download(client, "http://hub/file", {}, part, 9, lambda done: None, timeout=1.0, transient=(OSError,))
+    assert part.read_bytes() == b"head-rest" and blob.read_bytes() == b"head"
 
 
 def test_offline_mode_uses_the_cache_and_fails_in_one_line_without_it(home, local_hub, monkeypatch):

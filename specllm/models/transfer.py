@@ -10,6 +10,8 @@ the exceptions that mean "the connection broke" for that client.
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -56,6 +58,8 @@ def download(
             raise BadFile(f"got more than {size} bytes")
         if have == size:
             return
+        if have and part.stat().st_nlink > 1:
+            _own_copy(part)
         try:
             _fetch_rest(client, url, headers, part, have, size, report, timeout)
         except transient as exc:
@@ -69,6 +73,14 @@ def download(
         if got < size:  # the server ended its answer cleanly but short: the file it has is truncated
             part.unlink(missing_ok=True)
             raise BadFile(f"the hub served {got} bytes, its metadata says {size}")
+
+
+def _own_copy(part: Path) -> None:
+    """A part hard-linked from the Hugging Face cache (adopted whole, then found short of a file the hub
+    has since changed): appending to it, or rewriting it, would change that cache's file too."""
+    copy = part.with_name(part.name + ".copy")
+    shutil.copyfile(part, copy)
+    os.replace(copy, part)
 
 
 def _fetch_rest(client, url, headers, part: Path, have: int, size: int, report, timeout: float) -> None:
