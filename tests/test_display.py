@@ -4,8 +4,11 @@ the writers, the answer to stdout, a thinking model's reasoning to stderr, every
 from __future__ import annotations
 
 import io
+from types import SimpleNamespace
 
-from specllm.cli.display import LiveStatus, ReasoningWriter, ReplyWriter, TokenWriter, stream_reply
+import pytest
+
+from specllm.cli.display import LiveStatus, ReasoningWriter, ReplyWriter, TokenWriter, colour_allowed, stream_reply, use_colour
 from specllm.engine.stats import Stats
 from specllm.reasoning import ThinkSplitter
 from tests.fakes import Scripted
@@ -37,3 +40,14 @@ def test_a_reply_not_shown_is_split_and_written_nowhere():
     assert out == err == "" and reply.written == []
     assert "".join(reply.splitter.content) == "It is 4." and "".join(reply.splitter.reasoning) == "hm, four"
     assert done.finish_reason == "stop" and stats.tokens == len(SCRIPT)
+
+
+@pytest.mark.parametrize("value, colour", [(None, True), ("", True), ("1", False)], ids=["unset", "empty", "set"])
+def test_no_color_turns_colour_off_only_when_set_to_something(monkeypatch, value, colour):
+    """no-color.org (and rich, which draws the live line) read an empty NO_COLOR as unset: it turned
+    colours off here and not in rich."""
+    terminal = SimpleNamespace(isatty=lambda: True)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    if value is not None:
+        monkeypatch.setenv("NO_COLOR", value)
+    assert colour_allowed(terminal) == colour and use_colour("auto", terminal) == colour

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from specllm.backend import LoadOptions
 from specllm.chat import thinking_variables
+from specllm.cli.display import colour_allowed
 from specllm.errors import SpecllmError, UsageError
 from specllm.models import catalog, store
 from specllm.session import Engine, ModelPaths, SpecConfig, pick_draft
@@ -105,7 +106,7 @@ def auto_draft(model: str, target_path, reg: catalog.Registry, progress):
 
 def warn(message: str) -> None:
     """One line on stderr, never wrapped, never read as markup (paths may hold brackets)."""
-    if _colour_ok():
+    if colour_allowed(sys.stderr):
         stderr.print(Text.assemble(("warning:", "yellow"), f" {message}"), soft_wrap=True)
     else:
         print(f"warning: {message}", file=sys.stderr, flush=True)
@@ -156,10 +157,6 @@ def download_progress():
         yield update
     finally:
         bar.stop()
-
-
-def _colour_ok() -> bool:
-    return sys.stderr.isatty() and "NO_COLOR" not in os.environ
 
 
 def read_prompt(prompt: str | None) -> str:

@@ -22,7 +22,8 @@ RESET = "\x1b[0m"
 
 
 def colour_allowed(stream) -> bool:
-    return stream.isatty() and "NO_COLOR" not in os.environ
+    """A terminal, and NO_COLOR unset or empty (no-color.org, and rich, read an empty one as unset)."""
+    return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
 def use_colour(choice: str, stream) -> bool:

@@ -13,7 +13,7 @@ from specllm.chat import reasoning_splitter
 from specllm.cli import common as c
 from specllm.cli import options as o
 from specllm.cli.app import Command, app
-from specllm.cli.display import LiveStatus, ReasoningWriter, ReplyWriter, TokenWriter, stream_reply, summary_text, use_colour
+from specllm.cli.display import LiveStatus, ReasoningWriter, ReplyWriter, TokenWriter, colour_allowed, stream_reply, summary_text, use_colour
 from specllm.cli.interrupt import StopOnSignal
 from specllm.engine.decode import Done
 from specllm.engine.stats import Stats
@@ -81,7 +81,7 @@ def run(
     sys.stdout.flush()
     engine.keep_learned()  # after the text and JSON are out
     if not quiet and (sys.stderr.isatty() or verbose):
-        c.stderr.print(summary_text(stats), style="dim" if c._colour_ok() else None, soft_wrap=True)
+        c.stderr.print(summary_text(stats), style="dim" if colour_allowed(sys.stderr) else None, soft_wrap=True)
     if splitter.thinks and not answer and done.finish_reason == "length" and not quiet:
         c.warn(f"stopped after {len(done.tokens)} tokens while the model was still reasoning, before any answer: raise --max-tokens, or --no-think")
     elif done.finish_reason == "length" and not quiet and _defaulted(context, "max_tokens"):
