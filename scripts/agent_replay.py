@@ -11,7 +11,7 @@ after the first token, and wall time.
 
     python scripts/agent_replay.py --workload dev.jsonl [--file base64.py] [--turns 3] [-n 128]
 
-Needs `specllm[server]` and llama-cpp-python's server extra (fastapi, sse-starlette,
+Needs specllm's `server` extra and llama-cpp-python's server extra (fastapi, sse-starlette,
 starlette-context, pydantic-settings); `--llama-python` names another interpreter for the latter.
 """
 

@@ -347,7 +347,7 @@ def _plot_format(path: Path) -> str:
     try:
         from matplotlib.backend_bases import FigureCanvasBase
     except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'specllm[plot]'") from None
+        raise UsageError("--plot needs matplotlib: pip install matplotlib") from None
     suffix = path.suffix[1:].lower()
     known = FigureCanvasBase.get_supported_filetypes()
     if suffix and suffix not in known:

@@ -54,7 +54,7 @@ def serve(
         from specllm.server.app import Service
         from specllm.server.run import listen, serve as run_server
     except ImportError as exc:
-        raise SpecllmError(f'`specllm serve` needs the server extra ({exc.name} is missing): pip install "specllm[server]"') from None
+        raise SpecllmError(f'`specllm serve` needs the server extra ({exc.name} is missing): pip install starlette uvicorn') from None
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     sock = listen(host, port)  # a port in use is said before minutes of loading and measuring
     try:
