@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from specllm.engine.costmodel import OUTLIER_FACTOR, CostModel
+from specllm.filelock import locked
 
 
 def load_costs(path: Path | None, key: str) -> CostModel | None:
@@ -94,19 +95,10 @@ def _write_cache(path: Path, data: dict) -> None:
         # caching is an optimisation; measuring again next time is fine
 
 
-@contextlib.contextmanager
 def _locked(path: Path):
-    """One process at a time reads, changes and writes the cache (advisory lock beside it), so that two
-    writing at once both keep their entries. Where the OS has no such locks (Windows) or the lock file
-    cannot be made, unlocked: writes stay whole, one of two at once may lose its entry (measured again)."""
-    try:
-        import fcntl
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(path.with_name(path.name + ".lock"), "a")  # noqa: SIM115 - held for the block below
-    except (ImportError, OSError):
-        yield
-        return
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+    """One process at a time reads, changes and writes the cache, so that two writing at once both keep
+    their entries. Where it cannot be locked (`filelock.locked`), unlocked: writes stay whole, one of
+    two at once may lose its entry (measured again)."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)  # the lock file goes beside it
+    return locked(path)

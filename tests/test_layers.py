@@ -22,6 +22,7 @@ PACKAGE = ROOT / "specllm"
 
 RANK = {  # module prefix -> layer
     "specllm.errors": 0,
+    "specllm.filelock": 0,
     "specllm.engine": 1,
     "specllm.reasoning": 1,
     "specllm.backend": 2,

