@@ -124,9 +124,11 @@ class _ClosedOutput(io.TextIOBase):
 
 
 def _stand_in_for_closed_streams() -> None:
-    """Started with stdout or stderr closed (`>&-`), Python leaves them None: a write to stdout
-    raised AttributeError (reported as a bug), and print(file=None), every error line, wrote to
-    stdout, among the generated text."""
+    """Started with a standard stream closed (`<&-`, `>&-`), Python leaves it None: reading stdin or
+    writing stdout raised AttributeError (reported as a bug), and print(file=None), every error line,
+    wrote to stdout, among the generated text. A closed stdin reads as an empty one (`</dev/null`)."""
+    if sys.stdin is None:
+        sys.stdin = open(os.devnull)  # noqa: SIM115 - for the process's life
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the process's life: what would go there is lost, as the user asked
     if sys.stdout is None:

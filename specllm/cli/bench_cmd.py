@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import secrets
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -58,7 +57,7 @@ def bench(
             raise UsageError(f"{flag} must be at least 1, got {value}")
     chosen = _strategies(strategies)
     params = o.sampling_params(temp, o.SAMPLING.top_k, o.SAMPLING.top_p, o.SAMPLING.min_p, seed)
-    seed = params.seed if params.seed is not None else secrets.randbits(63)  # -1 (random): every run draws from seed + repeat
+    seed = params.seed if params.seed is not None else o.random_seed()  # -1 (random): every run draws from seed + repeat
     plot_format = _plot_format(plot) if plot is not None else None
     for flag, target in (("--json", json_file), ("--plot", plot)):
         _check_output(flag, target, prompts)

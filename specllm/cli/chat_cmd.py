@@ -52,7 +52,7 @@ def chat(
     o.check_common(max_tokens, ctx_size, threads, exact, gpu_layers, gpu_layers_draft, flash_attn)
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     colour = use_colour(color, sys.stdout)
-    interactive = sys.stdin is not None and sys.stdin.isatty()  # None: stdin closed (`<&-`)
+    interactive = sys.stdin.isatty()
     engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, flash_attn, think=not no_think)
     loop = ChatLoop(
         engine,

@@ -324,7 +324,7 @@ def script_reader(stream) -> ReadLine:
     def read(prompt: str) -> str:  # noqa: ARG001
         nonlocal first
         try:
-            line = stream.readline() if stream is not None else ""  # None: stdin closed (`<&-`), an empty script
+            line = stream.readline()
         except UnicodeDecodeError as exc:
             raise SpecllmError(f"standard input is not valid UTF-8 (byte {exc.start})") from None
         except OSError as exc:  # main would call it a failure to write the output

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from contextlib import contextmanager
 
@@ -162,7 +161,7 @@ def download_progress():
 def read_prompt(prompt: str | None) -> str:
     """Piped stdin first, then the --prompt text, as llm and ollama do."""
     piped = None
-    if sys.stdin is not None and not sys.stdin.isatty():  # None: started with stdin closed (`<&-`)
+    if not sys.stdin.isatty():
         try:
             data = sys.stdin.buffer.read()
         except OSError as exc:  # main would call it a failure to write the output

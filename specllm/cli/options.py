@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Optional
 
+import numpy as np
 import typer
 
 from specllm.backend import FLASH_ATTN, LoadOptions
@@ -56,6 +57,11 @@ FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p
 
 def sampling_params(temp: float, top_k: int, top_p: float, min_p: float, seed: int | None) -> SamplingParams:
     return SamplingParams(temp, top_k, top_p, min_p, None if seed == -1 else seed).validate(FLAGS)  # -1: random, as in llama.cpp
+
+
+def random_seed() -> int:
+    """A seed of the operating system's randomness, as `--seed` takes them (for `--seed -1`)."""
+    return int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
 def check_common(max_tokens: int, ctx_size: int, threads: int | None, exact: bool = False, gpu_layers: int = -1, gpu_layers_draft: int = -1, flash_attn: str = "auto") -> None:

@@ -62,7 +62,7 @@ def run(
     tokens = engine.encode(text, system, raw, think=not no_think)
     splitter = ThinkSplitter(thinks=False) if raw else reasoning_splitter(engine.target, tokens)  # a thinking model's reasoning apart
     stats = Stats()
-    seed = params.seed if params.seed is not None else random_seed()  # --json says it: `--seed N` draws the same again
+    seed = params.seed if params.seed is not None else o.random_seed()  # --json says it: `--seed N` draws the same again
     writer = TokenWriter(colour=colour)
     live_enabled = sys.stderr.isatty() and not quiet and not verbose
     with StopOnSignal(terminate=True) as stopper, LiveStatus(live_enabled) as live:
@@ -96,11 +96,6 @@ def _defaulted(context: typer.Context, name: str) -> bool:
     """Whether option `name` kept its default (the user did not give it). By the source's name: Typer
     carries a click of its own, whose ParameterSource is not the installed click's."""
     return context.get_parameter_source(name).name == "DEFAULT"
-
-
-def random_seed() -> int:
-    """A seed of the operating system's randomness, as `--seed` takes them."""
-    return int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
 def _json_result(done: Done, stats: Stats, engine, strategy: str) -> dict:

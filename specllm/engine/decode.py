@@ -169,7 +169,7 @@ class Decoder:
             verify_seconds,
             time.perf_counter() - step_started,
             draft.model_seconds,
-            tuple(draft.token_sources()) if draft.sources else (),
+            draft.sources[: len(draft.tokens)],
         )
         return ended
 
