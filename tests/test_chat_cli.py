@@ -141,6 +141,13 @@ def test_spec_switches_decoder_and_refuses_a_missing_draft(engines):
     assert result.stdout == f"{first}\n{reference_reply(history(('hi', first)) + user('again'), 6)}\n"
 
 
+def test_spec_reads_a_strategy_in_any_case_as_set_reads_its_names(engines):
+    result = chat(["/spec OFF", "/spec Ngram", "hi"], *GREEDY_FLAGS, "--spec", "auto")
+    assert result.exit_code == 0, result.output
+    assert "No strategy" not in result.stderr
+    assert engines.made[0].strategies == ["auto", "off", "ngram"]
+
+
 def test_set_changes_the_next_reply(engines):
     result = chat(["/set max_tokens 3", "hi"], *GREEDY_FLAGS)
     assert result.stdout == reference_reply(user("hi"), 3) + "\n"

@@ -151,11 +151,11 @@ class ChatLoop:
 
     def spec(self, args: list[str]) -> None:
         choices = "|".join(STRATEGIES)
-        if len(args) != 1 or args[0] not in STRATEGIES:
+        if len(args) != 1 or args[0].lower() not in STRATEGIES:  # as /set's names: /spec NGRAM is /spec ngram
             unknown = f"No strategy {' '.join(args)!r}. " if args else ""
             self.note(f"{unknown}Speculation: {self.strategy}. Change it with /spec {choices}.")
             return
-        strategy = args[0]
+        strategy = args[0].lower()
         if strategy == "draft" and self.engine.draft is None:
             self.note("No draft model is loaded: start the chat with --draft PATH or a preset that has one. (unchanged)")
             return
