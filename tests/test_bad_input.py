@@ -267,6 +267,17 @@ def test_a_reply_cut_by_the_default_length_limit_says_so(home, compact_pair):
     assert specllm_here(home, *flags, "--quiet").stderr == ""
 
 
+def test_a_context_beyond_what_the_model_was_trained_on_is_a_warning(home, tmp_path):
+    """llama.cpp only logs it (and its log is off): the run goes on, said once on stderr."""
+    model = write_tiny_gguf(tmp_path / "short-trained.gguf", 0, n_ctx_train=128)
+    flags = ["run", "-m", model, "-p", "hi", "-n", "3", "--temp", "0", "--spec", "off"]
+    beyond = specllm_here(home, *flags, "-c", "256")
+    warning = "warning: --ctx-size 256 is more than the 128 tokens short-trained.gguf was trained on: text past 128 tokens may lose its thread"
+    assert beyond.returncode == 0 and beyond.stderr.strip() == warning
+    within = specllm_here(home, *flags, "-c", "128")
+    assert within.returncode == 0 and within.stderr == "" and within.stdout == beyond.stdout
+
+
 def test_typed_special_tokens_stay_text_unless_the_prompt_is_raw(tiny_pair):
     """`<|im_end|>` typed by a user is tokenized as text: it neither closes the turn nor opens a role.
     A raw prompt (`--raw`) is the text as the model reads it, markup included, as llama.cpp reads one."""

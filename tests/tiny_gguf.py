@@ -189,7 +189,7 @@ def write_tiny_gguf(
     drop_last_tokens: int = 0,
     token_edits: dict[int, str] | None = None,
     architecture: str = "llama",
-    n_ctx_train: int = 2048,
+    n_ctx_train: int = 32768,  # as the default models: no --ctx-size a test uses passes it
     chat_template: str | None = None,
 ) -> Path:
     """Write a llama-architecture GGUF with f32 weights drawn from `numpy.random.default_rng(seed)`.

@@ -51,6 +51,9 @@ def open_engine(
     options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers, exact=exact, flash_attn=flash_attn)
     draft_options = LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=gpu_layers_draft, flash_attn=flash_attn)
     engine = Engine(ModelPaths(target_path, draft_path), spec, options, draft_options, catalog.cache_dir() / "costs.json")
+    trained = engine.target.n_ctx_train
+    if 0 < trained < ctx_size:  # llama.cpp only logs it, and its log is off
+        warn(f"--ctx-size {ctx_size} is more than the {trained} tokens {engine.target.path.name} was trained on: text past {trained} tokens may lose its thread")
     try:
         thinking_variables(engine.target, think)  # a template that cannot answer without thinking: said before minutes of measuring
     except UsageError:
