@@ -1,6 +1,7 @@
 """The Typer application every command module registers on (kept apart so that commands import it
 without importing the package that imports them)."""
 
+import inspect
 import sys
 from importlib import metadata
 from typing import Annotated
@@ -44,6 +45,11 @@ class Group(_SaysWhoseOption, _FlagHelp, typer.core.TyperGroup):
 
 class Command(_SaysWhoseOption, _FlagHelp, typer.core.TyperCommand):
     """Every specllm command's class (`@app.command(cls=Command)`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.short_help is None and self.help:  # `specllm --help`'s row: the first paragraph, its lines joined (rich markup keeps them)
+            self.short_help = " ".join(inspect.cleandoc(self.help).split("\n\n")[0].split())
 
 
 def _commands_taking(group, option: str) -> list[str]:
