@@ -30,6 +30,8 @@ from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 
+from script_inputs import at_least  # beside this script: on the path when it runs
+
 START_TIMEOUT = 600  # seconds for a server to load its model (and, for auto, measure its costs)
 REQUEST_TIMEOUT = 900
 # Sent explicitly: a template's default system prompt (Qwen's Jinja template has one, llama.cpp's
@@ -160,6 +162,24 @@ def specllm_session(port: int, edits: list[dict], file_text: str, max_tokens: in
     return turns, results
 
 
+def check_servers(llama_python: str) -> None:
+    """Both servers can start: specllm's (its `server` extra) here, llama_cpp.server (its `server`
+    extra) in `llama_python`. One line on stderr and exit 1 where one cannot."""
+    checks = {
+        "specllm serve (specllm's server extra: starlette, uvicorn)": [sys.executable, "-c", "import starlette, uvicorn"],
+        f"llama_cpp.server in {llama_python} (llama-cpp-python[server]; --llama-python names another interpreter)":
+            [llama_python, "-c", "import llama_cpp.server.app"],
+    }  # fmt: skip
+    for what, command in checks.items():
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        except OSError as error:
+            raise SystemExit(f"Error: cannot run {what}: {error.strerror or error}") from None
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["exit " + str(done.returncode)])[-1]
+            raise SystemExit(f"Error: cannot start {what}: {last}")
+
+
 def run_server(name: str, command: list[str], args, work):
     """Start a server on a free port, do `work(port)` (-> (turns, results)), stop it."""
     port = free_port()
@@ -191,10 +211,10 @@ def table(names: list[str], runs: dict[str, list[dict]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", type=Path, default=Path("../shared/workloads/dev.jsonl"))
+    parser.add_argument("--workload", type=Path, default=Path(__file__).resolve().parents[2] / "shared/workloads/dev.jsonl")
     parser.add_argument("--file", default="base64.py", help="source file whose functions make the session")
-    parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("-n", "--max-tokens", type=int, default=128)
+    parser.add_argument("--turns", type=at_least(1), default=3)
+    parser.add_argument("-n", "--max-tokens", type=at_least(1), default=128)
     parser.add_argument("-m", "--model", default="qwen2.5-coder-1.5b", help="specllm preset or model name")
     parser.add_argument("--spec", default="auto")
     parser.add_argument("-c", "--ctx-size", type=int, default=4096)
@@ -202,20 +222,30 @@ def main() -> None:
     parser.add_argument("--llama-python", default=sys.executable, help="interpreter with llama-cpp-python[server]")
     parser.add_argument("--lookup-tokens", type=int, default=10, help="llama_cpp.server --draft_model_num_pred_tokens")
     parser.add_argument("--skip-lookup", action="store_true", help="only plain llama_cpp.server")
-    parser.add_argument("--rounds", type=int, default=1, help="replay the session this many times per server")
+    parser.add_argument("--rounds", type=at_least(1), default=1, help="replay the session this many times per server")
     parser.add_argument("--json", type=Path, help="write the measurements here")
     parser.add_argument("--logs", type=Path, default=Path("/tmp"), help="folder for the servers' logs")
     args = parser.parse_args()
 
+    from specllm.errors import SpecllmError
     from specllm.models.store import resolve_model
 
-    groups = edits_by_file(args.workload)
+    try:
+        groups = edits_by_file(args.workload)
+    except OSError as error:
+        raise SystemExit(f"Error: --workload {args.workload}: {error.strerror or error}") from None
+    except (UnicodeDecodeError, ValueError, AttributeError, KeyError, TypeError) as error:
+        raise SystemExit(f"Error: --workload {args.workload}: not a Spec-Bench JSONL workload ({error})") from None
     if args.file not in groups:
-        raise SystemExit(f"no code edits of {args.file} in {args.workload}; files: {', '.join(sorted(groups))}")
+        raise SystemExit(f"Error: no code edits of {args.file} in {args.workload}; files: {', '.join(sorted(groups)) or 'none'}")
     edits = (groups[args.file] * args.turns)[: args.turns]
     file_text = "\n\n\n".join(e["code"] for e in groups[args.file])
     threads = args.threads or min(os.cpu_count() or 1, 8)
-    model_path = resolve_model(args.model)
+    try:
+        model_path = resolve_model(args.model)
+    except SpecllmError as error:
+        raise SystemExit(f"Error: {error}") from None
+    check_servers(args.llama_python)  # before minutes of specllm's session, not after
     spec_name = f"specllm {args.spec}"
     spec_command = [sys.executable, "-m", "specllm", "serve", "-m", args.model, "--spec", args.spec,
                     "-c", str(args.ctx_size), "-t", str(threads)]  # fmt: skip

@@ -11,12 +11,15 @@ import time
 
 import numpy as np
 
+from script_inputs import at_least  # beside this script: on the path when it runs
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("-m", "--model", default="qwen2.5-coder-1.5b")
-    parser.add_argument("-n", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=3)
+    # at least 1: llama-cpp-python reads max_tokens 0 as "until the context is full"
+    parser.add_argument("-n", type=at_least(1), default=128)
+    parser.add_argument("--rounds", type=at_least(1), default=3)
     parser.add_argument("-p", "--prompt", default="Write a Python function that parses an ISO 8601 date string.")
     args = parser.parse_args()
 
@@ -25,11 +28,15 @@ def main() -> None:
     from specllm.backend import LoadOptions, buffers_left_out
     from specllm.engine.decode import Done
     from specllm.engine.sampling import SamplingParams
+    from specllm.errors import SpecllmError
     from specllm.models.store import resolve_model
     from specllm.session import Engine, ModelPaths, SpecConfig
 
-    path = resolve_model(args.model)
-    engine = Engine(ModelPaths(path), SpecConfig("off"), LoadOptions(n_ctx=2048), LoadOptions())
+    try:
+        path = resolve_model(args.model)
+        engine = Engine(ModelPaths(path), SpecConfig("off"), LoadOptions(n_ctx=2048), LoadOptions())
+    except SpecllmError as error:
+        raise SystemExit(f"Error: {error}") from None
     tokens = engine.encode(args.prompt)
     if buffers_left_out() == "extra":  # the weights' buffers as specllm loads them (llama.cpp's AMX kernels crash)
         default_params = llama_cpp.llama_cpp.llama_model_default_params

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from pathlib import Path
 from collections import Counter, defaultdict
 
 LINE = re.compile(r"^(\d+) (\S+) plain=([\d.]+)")
@@ -56,9 +57,12 @@ def category_ratios(speeds: dict[str, dict[str, float]], categories: dict[str, s
     """Category ("all" too) -> mode -> plain time over the mode's time, on the prompts where both ran."""
     times: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     for prompt, by_mode in speeds.items():
-        if plain not in by_mode or prompt not in weights or prompt not in categories:
+        # a prompt `off` answered with no token weighs nothing (and has no speed to divide by)
+        if by_mode.get(plain, 0) <= 0 or not weights.get(prompt) or prompt not in categories:
             continue
         for mode, tps in by_mode.items():
+            if tps <= 0:  # no token in its time: no speed to compare
+                continue
             for category in (categories[prompt], "all"):
                 total = times[category, mode]
                 total[0] += weights[prompt] / by_mode[plain]
@@ -71,8 +75,28 @@ def category_ratios(speeds: dict[str, dict[str, float]], categories: dict[str, s
 
 def mean_speed(speeds: dict[str, dict[str, float]], weights: dict[str, int], prompts, mode: str) -> float:
     """Tokens per second of one mode over these prompts, each counted with its weight in tokens."""
-    timed = [p for p in prompts if mode in speeds.get(p, {})]
+    timed = [p for p in prompts if speeds.get(p, {}).get(mode, 0) > 0 and weights[p]]
     return sum(weights[p] for p in timed) / sum(weights[p] / speeds[p][mode] for p in timed) if timed else float("nan")
+
+
+def read_inputs(peers_path: str, bench_path: str):
+    """The peers' lines and the bench report's speeds; one line on stderr and exit 1 where either is not one."""
+    try:
+        peers = parse_peers(Path(peers_path).read_text("utf-8"))
+        report = json.loads(Path(bench_path).read_text("utf-8"))
+    except OSError as error:
+        raise SystemExit(f"Error: {error.filename}: {error.strerror or error}") from None
+    except (UnicodeDecodeError, ValueError) as error:
+        raise SystemExit(f"Error: {bench_path}: not a `specllm bench --json` report ({error})") from None
+    if not peers:
+        raise SystemExit(f"Error: {peers_path}: no line of llamacpp-modes.sh's (QID CATEGORY plain=TOK/S MODE=TOK/S(acc A%) ...)")
+    try:
+        ours, weights = specllm_speeds(report)
+    except (AttributeError, KeyError, TypeError):
+        raise SystemExit(f"Error: {bench_path}: not a `specllm bench --json` report (its runs)") from None
+    if not weights:
+        raise SystemExit(f"Error: {bench_path}: no run of the off strategy: specllm's ratios are to it (add off to --strategies)")
+    return peers, ours, weights
 
 
 def main() -> None:
@@ -80,10 +104,7 @@ def main() -> None:
     parser.add_argument("peers", help="llamacpp-modes.sh's output")
     parser.add_argument("bench", help="a `specllm bench --json` report on the same prompts")
     args = parser.parse_args()
-    with open(args.peers) as handle:
-        peers = parse_peers(handle.read())
-    with open(args.bench) as handle:
-        ours, weights = specllm_speeds(json.load(handle))
+    peers, ours, weights = read_inputs(args.peers, args.bench)
     categories = {prompt: category for prompt, (category, _, _) in peers.items()}
     theirs = {prompt: speeds for prompt, (_, speeds, _) in peers.items()}
     their_ratios = category_ratios(theirs, categories, weights, "plain")
@@ -107,7 +128,7 @@ def main() -> None:
     print(f"plain decoding over these prompts: llama.cpp {mean_speed(theirs, weights, prompts, 'plain'):.2f} tok/s, "
           f"specllm {mean_speed(ours, weights, prompts, 'off'):.2f} tok/s")
     # A peer run that drafted nothing did plain decoding's work in another process: its ratio is noise.
-    idle = sorted(speeds[mode] / speeds["plain"] for _, speeds, modes in peers.values() for mode in modes)
+    idle = sorted(speeds[mode] / speeds["plain"] for _, speeds, modes in peers.values() for mode in modes if speeds["plain"] > 0)
     if idle:
         print(f"llama.cpp runs that drafted nothing: {len(idle)}, against plain {sum(idle) / len(idle):.2f}x on average, "
               f"{idle[0]:.2f}-{idle[-1]:.2f}x (the noise of one run per process)")

@@ -121,15 +121,23 @@ def resize(model: Path, prefix: Path, layers: int, embd: int, ffn: int, heads: i
 
 
 def expand(prefix: Path, out: Path, seed: int = 0) -> None:
-    """Write the twin: the header as it was, each tensor's bytes synthetic, the file as long as the model."""
+    """Write the twin: the header as it was, each tensor's bytes synthetic, the file as long as the model.
+    It is written beside OUT and renamed when whole: a twin cut short (a full disk, a type not in
+    BLOCKS) never stands where a later run would take it for whole."""
     layout = json.loads(Path(f"{prefix}.json").read_text())
+    head = Path(f"{prefix}.head").read_bytes()
     rng = np.random.default_rng(seed)
-    with open(out, "wb") as f:
-        f.write(Path(f"{prefix}.head").read_bytes())
-        for tensor in sorted(layout["tensors"], key=lambda t: t["offset"]):
-            f.seek(tensor["offset"])
-            _write_tensor(f, tensor, rng)
-        f.truncate(layout["size"])
+    part = out.with_name(out.name + ".part")
+    try:
+        with open(part, "wb") as f:
+            f.write(head)
+            for tensor in sorted(layout["tensors"], key=lambda t: t["offset"]):
+                f.seek(tensor["offset"])
+                _write_tensor(f, tensor, rng)
+            f.truncate(layout["size"])
+        part.replace(out)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def _write_tensor(f, tensor: dict, rng: np.random.Generator) -> None:
@@ -172,6 +180,17 @@ def main() -> None:
     twin.add_argument("out", type=Path)
     twin.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    try:
+        run(args)
+    except OSError as error:  # a file missing, unreadable or unwritable, a full disk
+        raise SystemExit(f"Error: {error.filename or ''}{': ' if error.filename else ''}{error.strerror or error}") from None
+    except (ValueError, KeyError) as error:  # not a GGUF file, or not a layout of this script's
+        raise SystemExit(f"Error: {args.command}: {error}") from None
+
+
+def run(args) -> None:
+    if args.command == "resize" and (args.embd % args.heads or args.heads % args.kv_heads):
+        raise SystemExit(f"Error: --embd {args.embd} must split into --heads {args.heads}, and those into --kv-heads {args.kv_heads} groups")
     if args.command in ("header", "resize"):
         if args.command == "header":
             layout = write_header(args.model, args.prefix)

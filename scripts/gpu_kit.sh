@@ -50,9 +50,16 @@ build() {
 }
 
 pack() {
-    local site="$WORK/site" models=${SPECLLM_CACHE:-$HOME/.cache/specllm}/models twin="python3 scripts/gguf_twin.py"
+    local site="$WORK/site" models=${SPECLLM_CACHE:-$HOME/.cache/specllm}/models twin="python3 scripts/gguf_twin.py" model
+    local wheels=("$WORK"/wheel/llama_cpp_python-*.whl)
+    [ -f "${wheels[0]}" ] || { echo "pack: no llama-cpp-python wheel in $WORK/wheel (made by build)" >&2; exit 1; }
+    [ ${#wheels[@]} = 1 ] || { echo "pack: ${#wheels[@]} wheels in $WORK/wheel: keep the one to pack" >&2; exit 1; }
+    for model in qwen2.5-coder-1.5b-instruct-q4_k_m qwen2.5-coder-0.5b-instruct-q4_k_m; do
+        [ -f "$models/$model.gguf" ] || { echo "pack: no $models/$model.gguf ('specllm pull qwen2.5-coder' fetches the pair)" >&2; exit 1; }
+    done
+    python3 -c "import diskcache, gguf" 2>/dev/null || { echo "pack: python3 cannot import diskcache and gguf (llama-cpp-python's and specllm's)" >&2; exit 1; }
     rm -rf "$site" "$WORK/heads"; mkdir -p "$site/fallback" "$WORK/heads" "$KIT"
-    python3 -m pip install -q --no-deps --no-compile --target "$site" "$WORK"/wheel/llama_cpp_python-*.whl
+    python3 -m pip install -q --no-deps --no-compile --target "$site" "${wheels[0]}"
     rm -rf "$site/lib" "$site/include" "$site/bin"  # the wheel's second copy of the libraries
     for lib in "$site"/llama_cpp/lib/*.so; do rm -f "$lib".0.* "$lib"; ln -s "$(basename "$lib").0" "$lib"; done  # one copy each
     python3 - "$site" <<'EOF'
@@ -86,11 +93,20 @@ measure() {
     export PYTHONPATH=$site:$PWD PYTHONUNBUFFERED=1 SPECLLM_CACHE=$WORK/cache HF_HUB_OFFLINE=1
     export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${blas:+$(dirname "$blas"):}${LD_LIBRARY_PATH:-}:$site/fallback
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$log" 2>&1 || true
-    python3 -c "import llama_cpp, sys; sys.exit(0 if llama_cpp.llama_supports_gpu_offload() else 3)" >> "$log" 2>&1 \
-        || { say "this build does not offload here"; ldd $site/llama_cpp/lib/libggml-cuda.so.0 >> "$log" 2>&1; exit 1; }
+    python3 -c "import llama_cpp, sys; sys.exit(0 if llama_cpp.llama_supports_gpu_offload() else 3)" >> "$log" 2>&1
+    case $? in
+        0) ;;
+        3) say "measure: this build does not offload here (no GPU, or the driver's libcuda.so.1 not found; see $log)" >&2
+           ldd $site/llama_cpp/lib/libggml-cuda.so.0 >> "$log" 2>&1; exit 1 ;;
+        *) say "measure: python3 cannot import llama_cpp from $site (its error and ldd's in $log)" >&2
+           ldd $site/llama_cpp/lib/libggml-cuda.so.0 >> "$log" 2>&1; exit 1 ;;
+    esac
     local gpu stack="llama-cpp-python $(python3 -c 'import llama_cpp; print(llama_cpp.__version__)'), CUDA build, every layer offloaded"
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-    twin() { [ -f $models/$1.gguf ] || python3 scripts/gguf_twin.py expand $heads/$1 $models/$1.gguf >> "$log" 2>&1; say "twin $1 written"; }
+    twin() {  # expand writes beside the file and renames it when whole: one standing here is whole
+        [ -f $models/$1.gguf ] || python3 scripts/gguf_twin.py expand $heads/$1 $models/$1.gguf >> "$log" 2>&1
+        if [ -f $models/$1.gguf ]; then say "twin $1 written"; else say "twin $1 NOT written (see $log)"; fi
+    }
     curve() {  # TARGET FILE WHAT [SECONDS]
         timeout "${4:-240}" python3 scripts/measure_curve.py $models/$1.gguf $models/q05.gguf --machine "$gpu: $3; $stack" \
             > "$OUT/$2.json" 2>> "$OUT/errors.txt"

@@ -42,6 +42,9 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--exact", action="store_true", help="the target with batch-invariant kernels (specllm --exact; batches as large as keep them)")
     args = parser.parse_args()
+    for path in (args.target, args.draft):  # llama.cpp would say only that it could not load it
+        if not path.is_file():
+            sys.exit(f"Error: {path}: {'not a file' if path.exists() else 'no such file'}")
     options = LoadOptions(n_ctx=args.ctx_size, n_threads=args.threads, n_gpu_layers=args.gpu_layers, exact=args.exact)
     try:
         target, target_load = _loaded(args.target, options)

@@ -75,6 +75,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--gpu-layers", type=int, default=-1, help="-1: every layer where the build can offload")
     args = parser.parse_args()
+    for path in (args.target, args.draft):  # llama.cpp would say only that it could not load it
+        if not path.is_file():
+            sys.exit(f"Error: {path}: {'not a file' if path.exists() else 'no such file'}")
     n_ctx = max(args.prompt, DEPTH) + 64
     try:
         target = LlamaBackend(args.target, LoadOptions(n_ctx=n_ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers))

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
+from script_inputs import at_least  # beside this script: on the path when it runs
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", default="auto")
-    parser.add_argument("-n", type=int, default=128)
+    parser.add_argument("-n", type=at_least(1), default=128)
     parser.add_argument("--temp", type=float, default=0.0)
     parser.add_argument("--category", default="code_edit")
     parser.add_argument("--row", type=int, default=0, help="index among the category's rows")
@@ -27,21 +29,32 @@ def main() -> None:
     args = parser.parse_args()
 
     from specllm.backend import LlamaBackend, LoadOptions
+    from specllm.bench.workloads import load_prompts
     from specllm.engine.decode import Done, PrefillDone
     from specllm.engine.sampling import SamplingParams
+    from specllm.errors import SpecllmError
     from specllm.models.catalog import cache_dir, load_registry, resolve_preset_draft
     from specllm.models.store import resolve_model
     from specllm.session import Engine, ModelPaths, SpecConfig
 
-    rows = [json.loads(line) for line in open(args.prompts)]
-    prompt = [r for r in rows if r["category"] == args.category][args.row]["turns"][0]
-    reg = load_registry()
-    preset = reg.default
-    engine = Engine(
-        ModelPaths(resolve_model(preset, reg), resolve_model(resolve_preset_draft(preset, reg), reg)),
-        SpecConfig(args.spec), LoadOptions(n_ctx=4096), LoadOptions(), cost_cache=cache_dir() / "costs.json",
-    )
-    engine.costs()
+    try:
+        rows = load_prompts(args.prompts, [args.category])
+        if not 0 <= args.row < len(rows):
+            raise SystemExit(f"Error: --row {args.row}: {args.prompts} has {len(rows)} {args.category} rows (0 to {len(rows) - 1})")
+        prompt = rows[args.row].text
+        reg = load_registry()
+        preset = reg.default
+        engine = Engine(
+            ModelPaths(resolve_model(preset, reg), resolve_model(resolve_preset_draft(preset, reg), reg)),
+            SpecConfig(args.spec).validate(), LoadOptions(n_ctx=4096), LoadOptions(), cost_cache=cache_dir() / "costs.json",
+        )
+        if args.spec == "auto":  # measured before the timing starts; the other strategies never price a pass
+            engine.costs()
+        decoder = engine.decoder()
+        if engine.draft is not None:  # `auto` loads it at its first use: seconds that are no overhead of decoding
+            engine.draft.load()
+    except SpecllmError as error:
+        raise SystemExit(f"Error: {error}") from None
     inside = [0.0]
     original = LlamaBackend.evaluate
 
@@ -53,7 +66,6 @@ def main() -> None:
             inside[0] += time.perf_counter() - started
 
     LlamaBackend.evaluate = timed
-    decoder = engine.decoder()
     params = SamplingParams(temperature=args.temp)
     started = None
     for event in decoder.generate(engine.encode(prompt), args.n, params, np.random.default_rng(0)):

@@ -5,12 +5,13 @@ produced, so once the plain text of each prompt is recorded, any policy can be s
 without timing noise: every target pass costs what the measured cost curve says. This is
 how policy changes are compared before `bench` measures them for real.
 
-    python scripts/replay_policy.py record --out streams.json [--prompts dev.jsonl] [-n 128] [-c 4096]
-    python scripts/replay_policy.py replay streams.json [--costs bench.json]
+    python scripts/replay_policy.py record --out streams.json [--prompts dev.jsonl] [-n 128] [-c 4096] [--limit N]
+    python scripts/replay_policy.py replay streams.json --costs CURVE [CURVE ...] [--no-draft] [-v]
 
-`record` runs plain decoding on the default preset (slow: a few seconds a prompt), and keeps the
-target's top probability on every token and what the draft model proposes after every position;
-run on an existing recording, it adds the target's top probabilities where they are missing;
+`record` runs plain decoding on the default preset (or `--model` and `--draft`; slow: a few seconds
+a prompt), and keeps the target's top probability on every token and what the draft model proposes
+after every position; run on an existing recording (of the same model, prompts and `-n`), it records
+the prompts it lacks and adds the target's top probabilities where they are missing;
 `replay` prints, per category, the policy's simulated speedup over plain decoding, with the n-gram
 cache alone, the n-gram oracle bound of `bench`, the two-source oracle and the share of it reached,
 an n-gram policy told in hindsight how far the category's proposals run by their kind and agreeing
@@ -31,6 +32,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from script_inputs import at_least, load_curve, load_recording, max_tokens_of, read_json  # noqa: E402
 
 
 OFF_PATH_STEPS = 6  # past a wrong draft token, how far the draft model's own continuation is recorded
@@ -50,17 +54,23 @@ def record(args) -> None:
     from specllm.models.store import resolve_model
     from specllm.session import Engine, ModelPaths, SpecConfig
 
-    registry = load_registry()
-    engine = Engine(ModelPaths(resolve_model(registry.default, registry)), SpecConfig("off"), LoadOptions(n_ctx=args.ctx_size), LoadOptions())
-    draft = LlamaBackend(resolve_model(resolve_preset_draft(registry.default, registry), registry), LoadOptions(n_ctx=args.ctx_size))
-    eog = next(t for t in range(engine.target.n_vocab) if engine.target.is_eog(t))  # for streams that do not say
-    sentence_ends = [t for t in range(engine.target.n_vocab) if ends_sentence(engine.target.token_bytes(t))]
+    out = Path(args.out)
+    earlier = _earlier_recording(out, args.n)  # a stopped recording resumes
     prompts = load_prompts(Path(args.prompts))
     if args.limit:
         prompts = prompts[: args.limit]
-    out = Path(args.out)
-    earlier = json.loads(out.read_text()) if out.exists() else {}  # a stopped recording resumes
-    streams, max_tokens = earlier.get("streams", []), earlier.get("max_tokens", args.n)
+    target_name = args.model or load_registry().default
+    draft_name = args.draft or resolve_preset_draft(target_name)
+    if draft_name is None:
+        raise SystemExit(f"Error: --model {target_name} names no preset with a draft model: add --draft")
+    target_path, draft_path = resolve_model(target_name), resolve_model(draft_name)
+    engine = Engine(ModelPaths(target_path), SpecConfig("off"), LoadOptions(n_ctx=args.ctx_size), LoadOptions())
+    draft = LlamaBackend(draft_path, LoadOptions(n_ctx=args.ctx_size))
+    eog = next(t for t in range(engine.target.n_vocab) if engine.target.is_eog(t))  # for streams that do not say
+    sentence_ends = [t for t in range(engine.target.n_vocab) if ends_sentence(engine.target.token_bytes(t))]
+    streams, max_tokens = earlier.get("streams", []), earlier.get("max_tokens", args.n or DEFAULT_MAX_TOKENS)
+    _check_same_model(out, earlier, engine, prompts)
+    eog = earlier.get("eog", eog)  # what the earlier streams that do not say ended with
     done = {(s["id"], s["category"]) for s in streams}
     for stream in streams:  # recorded before the target's confidence was kept
         if "target_confidence" not in stream:
@@ -83,6 +93,37 @@ def record(args) -> None:
                 print(f"{prompt.category:16} {prompt.id:>6} {len(event.tokens)} tokens", file=sys.stderr)
         _save(out, eog, max_tokens, sentence_ends, streams)  # after every prompt
     _save(out, eog, max_tokens, sentence_ends, streams)
+
+
+DEFAULT_MAX_TOKENS = 128
+
+
+def _earlier_recording(out: Path, max_tokens: int | None) -> dict:
+    """What `--out` holds already: nothing, or a recording to resume (at its own `-n`). Anything
+    else there is refused before the models load: writing the recording would replace it."""
+    if not out.exists():
+        return {}
+    earlier = read_json(str(out), "--out")
+    if not isinstance(earlier, dict) or not isinstance(earlier.get("streams"), list):
+        raise SystemExit(f"Error: --out {out}: exists and is not a recording; writing one would replace it (name a new file)")
+    if max_tokens is not None and max_tokens != earlier.get("max_tokens", max_tokens):
+        raise SystemExit(f"Error: --out {out}: recorded with -n {earlier['max_tokens']}; resume it with that -n or name a new file")
+    return earlier
+
+
+def _check_same_model(out: Path, earlier: dict, engine, prompts) -> None:
+    """A recording resumes only with the model (and prompts) it was made with: its streams are that
+    model's tokens, and a stream of another would be replayed as if it were the same text."""
+    if not earlier:
+        return
+    eog = earlier.get("eog")
+    texts = {(p.id, p.category): p.text for p in prompts}
+    same = isinstance(eog, int) and 0 <= eog < engine.target.n_vocab and engine.target.is_eog(eog)
+    for stream in earlier["streams"]:
+        if same and (stream["id"], stream["category"]) in texts:
+            same = engine.encode(texts[stream["id"], stream["category"]]) == stream["prompt"]
+    if not same:
+        raise SystemExit(f"Error: --out {out}: recorded with another model or other prompts (its prompt tokens differ); name a new file")
 
 
 def _save(out: Path, eog: int, max_tokens: int, sentence_ends: list[int], streams: list[dict]) -> None:
@@ -282,7 +323,7 @@ def simulate(data: dict, costs, draft_max: int, use_draft: bool = True, verbose:
                 totals[name] = totals.get(name, 0.0) + value
             if verbose:
                 p = figures["plain"]
-                print(f"{stream['category']:16} {stream['id']:>6} auto {p / figures['auto']:5.2f}x  oracle {p / figures['oracle']:5.2f}x")
+                print(f"{stream['category']:16} {stream['id']:>6} auto {times(p, figures['auto'], 5, 2)}  oracle {times(p, figures['oracle'], 5, 2)}")
     finally:
         for module in modules:
             module.time = time
@@ -366,7 +407,7 @@ def _run_auto(stream, data, sequence, record, costs, draft_max, clock) -> float:
     spec = SpecConfig()  # the n-gram sizes a user's `auto` has
     drafter = auto_drafter(costs.copy(), draft_max, (spec.ngram_min, spec.ngram_max), model, target.is_eog, sentence_ends.__contains__)
     decoder = Decoder(target, drafter, all_the_room)
-    return time_generation(decoder, stream, data["max_tokens"], clock)
+    return time_generation(decoder, stream, max_tokens_of(stream, data), clock)
 
 
 def time_generation(decoder, stream: dict, max_tokens: int, clock: Clock) -> float:
@@ -384,70 +425,33 @@ def time_generation(decoder, stream: dict, max_tokens: int, clock: Clock) -> flo
     return clock.now - started
 
 
-def load_curve(path: str, max_batch: int):
-    """A cost model from a machine file (`../shared/machines/*.json`), a `costs.json` entry file, or
-    a `bench --json` report."""
-    from specllm.engine.costmodel import CostModel
-
-    report = json.loads(Path(path).read_text())
-    if "calibrated" in report:  # a machine file
-        costs = CostModel.from_dict(report["calibrated"])
-        costs.draft_token_seconds = costs.draft_token_seconds or _draft_token_seconds(report)
-    elif "costs" in report:  # bench --json: the cost model as the run's own passes refined it, else as calibrated
-        costs = CostModel.from_dict(report.get("costs_learned") or report["costs"])
-    elif "verify_cost" in report:  # an older bench --json: the curve and the draft step (its reading rate unknown: priced as steps)
-        curve = {c["batch"]: c["ms"] / 1000 for c in report["verify_cost"]}
-        depth, context_seconds = report.get("verify_cost_depth", 0), report.get("verify_context_us", 0.0) / 1e6
-        costs = CostModel(curve, (report.get("draft_cost_relative") or 0.0) * curve[1], depth, context_seconds)
-    else:  # costs.json: one entry per machine, build and model set, the newest last; the newest with a draft model
-        # and llama.cpp's default settings (a `--flash-attn` curve prices attention at depth otherwise; an `--exact`
-        # one stops at the few sizes those kernels keep), as `auto`'s passes refined it where they did (`learned`)
-        entries = sorted(reversed(report.items()), key=lambda item: _setting_rank(item[0]))
-        entry = next((e for _, e in entries if e.get("draft_seconds")), entries[0][1])
-        costs = CostModel.from_dict(entry.get("learned") or entry)
-    costs.batch_seconds = {k: v for k, v in costs.batch_seconds.items() if k <= max_batch}
-    return costs
-
-
-def _setting_rank(key: str) -> int:
-    """A costs.json key's settings, in the order a replay prefers them: llama.cpp's defaults, a flash-attention
-    setting asked for, the exact kernels (see `Engine._cost_key`)."""
-    return 2 if key.endswith("|exact kernels") else 1 if "|flash attention " in key else 0
-
-
-def _draft_token_seconds(machine: dict) -> float:
-    """The draft model's per-token cost reading a batch: published prefill rate, else measured prefill, else its batch curve."""
-    if "prefill_seconds_per_token" in machine:
-        return float(machine["prefill_seconds_per_token"]["draft"])
-    prefill = machine.get("second_sample", {}).get("draft_prefill_seconds_after_256")
-    if prefill:
-        n = max(prefill, key=int)
-        return float(prefill[n]) / int(n)
-    batches = machine.get("draft_batch_seconds")
-    if batches:
-        sizes = sorted(batches, key=int)
-        return (float(batches[sizes[-1]]) - float(batches[sizes[0]])) / (int(sizes[-1]) - int(sizes[0]))
-    return 0.0
+def times(slower: float, faster: float, width: int = 6, digits: int = 3) -> str:
+    """`slower / faster` as a speedup, or a dash where nothing was timed (a generation of no tokens)."""
+    return f"{slower / faster:{width}.{digits}f}x" if faster > 0 else f"{'-':>{width}} "
 
 
 COLUMNS = ("auto", "ngram_only", "ngram_oracle", "oracle")
 
 
 def replay(args) -> None:
-    data = json.loads(Path(args.streams).read_text())
-    for path in args.costs:
-        costs = load_curve(path, args.max_batch)
+    data = load_recording(args.streams)
+    curves = [(path, load_curve(path, args.max_batch)) for path in args.costs]  # every file checked before minutes of replaying
+    for path, costs in curves:
         print(f"\n{Path(path).name}: one token {costs.verify(1) * 1000:.1f} ms, draft step {costs.draft_seconds / costs.verify(1):.2f}, "
               f"draft reads a token {costs.draft_token_seconds * 1000:.2f} ms")
         print(f"{'category':16} {'n':>3} {'auto':>7} {'ngram':>7} {'ng-orc':>7} {'oracle':>7} {'share':>6} {'told':>7} {'share':>6} {'thresh':>7}")
-        largest = min(args.max_batch, max(costs.batch_seconds))  # a curve measured to fewer sizes: as its engine verifies
+        largest = max(costs.batch_seconds)  # a curve measured to fewer sizes: as its engine verifies
         for category, f in sorted(simulate(data, costs, largest - 1, not args.no_draft, args.verbose).items()):
-            ratios = " ".join(f"{f['plain'] / f[c]:6.3f}x" for c in COLUMNS)
-            baseline = f" {f['plain'] / f['threshold']:6.3f}x at {f['best_threshold']:.1f}" if "threshold" in f else ""
-            told = f"{f['plain'] / f['told']:6.3f}x {f['oracle'] / f['told']:6.1%}"
-            print(f"{category:16} {int(f['prompts']):>3} {ratios} {f['oracle'] / f['auto']:6.1%} {told}{baseline}")
+            ratios = " ".join(times(f["plain"], f[c]) for c in COLUMNS)
+            baseline = f" {times(f['plain'], f['threshold'])} at {f['best_threshold']:.1f}" if "threshold" in f else ""
+            told = f"{times(f['plain'], f['told'])} {_share(f['oracle'], f['told'])}"
+            print(f"{category:16} {int(f['prompts']):>3} {ratios} {_share(f['oracle'], f['auto'])} {told}{baseline}")
         print("share: of the two-source oracle; told: the n-gram cache told each category's copy lengths by kind and span,\n"
               "in hindsight; thresh: the draft model alone at the best fixed confidence threshold, in hindsight")
+
+
+def _share(best: float, reached: float) -> str:
+    return f"{best / reached:6.1%}" if reached > 0 else f"{'-':>6}"
 
 
 def main() -> None:
@@ -456,17 +460,24 @@ def main() -> None:
     rec = commands.add_parser("record")
     rec.add_argument("--out", required=True)
     rec.add_argument("--prompts", default=str(ROOT.parent / "shared/workloads/dev.jsonl"))
-    rec.add_argument("-n", type=int, default=128)
+    rec.add_argument("-n", type=at_least(1), default=None, help=f"most tokens a prompt generates (default {DEFAULT_MAX_TOKENS}; a resumed recording: its own)")
     rec.add_argument("--limit", type=int, default=0, help="only the first N prompts")
     rec.add_argument("-c", "--ctx-size", type=int, default=4096, help="context of both models (a prompt and its answer must fit)")
+    rec.add_argument("-m", "--model", help="the target: preset, model name or GGUF path (default: the default preset's)")
+    rec.add_argument("--draft", help="the draft model (default: the --model preset's)")
     rep = commands.add_parser("replay")
     rep.add_argument("streams")
     rep.add_argument("--costs", required=True, nargs="+", help="machine files, costs.json files or `bench --json` reports")
-    rep.add_argument("--max-batch", type=int, default=32, help="largest batch for auto and the oracle alike")
+    rep.add_argument("--max-batch", type=at_least(2), default=32, help="largest batch for auto and the oracle alike")
     rep.add_argument("--no-draft", action="store_true", help="replay without the draft model")
     rep.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
-    record(args) if args.command == "record" else replay(args)
+    from specllm.errors import SpecllmError
+
+    try:
+        record(args) if args.command == "record" else replay(args)
+    except SpecllmError as error:  # a model, a prompts file or the configuration
+        raise SystemExit(f"Error: {error}") from None
 
 
 if __name__ == "__main__":

@@ -35,6 +35,49 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import replay_policy  # noqa: E402  (the replay backends and the virtual clock)
 
 
+ENDPOINTS = ("infill", "chat", "completions")
+
+
+def read_requests(path: str) -> list[tuple[int, dict]]:
+    """The requests file's lines as (line number, body), every one checked as the server would check
+    it before any model loads (one line on stderr and exit 1 at the first that is not a request)."""
+    from specllm.server import parsing
+
+    try:
+        lines = Path(path).read_text("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise SystemExit(f"Error: --requests {path}: {getattr(error, 'strerror', None) or error}") from None
+    requests = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            body = json.loads(line)
+        except ValueError as error:
+            raise SystemExit(f"Error: {where}: not JSON: {error}") from None
+        if not isinstance(body, dict) or body.get("endpoint") not in ENDPOINTS:
+            raise SystemExit(f"Error: {where}: a request is a JSON object with \"endpoint\": {', '.join(ENDPOINTS)}")
+        if body.get("continue") and body["endpoint"] != "chat":
+            raise SystemExit(f"Error: {where}: \"continue\" carries on a chat: its endpoint must be chat")
+        if body.get("category") == "all":
+            raise SystemExit(f"Error: {where}: the category 'all' is the name of the summary row")
+        try:
+            _parse({k: v for k, v in body.items() if k not in ("endpoint", "category", "continue")}, body["endpoint"])
+        except parsing.ApiError as error:
+            raise SystemExit(f"Error: {where}: {error.message}") from None
+        requests.append((number, body))
+    if not requests:
+        raise SystemExit(f"Error: --requests {path}: no requests")
+    return requests
+
+
+def _parse(body: dict, endpoint: str):
+    from specllm.server import parsing
+
+    return parsing.parse_infill(body) if endpoint == "infill" else parsing.parse(endpoint, body)
+
+
 def record(args) -> None:
     from specllm.backend import LoadOptions
     from specllm.engine.ngram import ends_sentence
@@ -45,8 +88,9 @@ def record(args) -> None:
     from specllm.server.worker import Job
     from specllm.session import Engine, ModelPaths, SpecConfig
 
+    requests = read_requests(args.requests)
     if args.model:
-        model = Path(args.model)
+        model = resolve_model(args.model)
     else:
         registry = load_registry()
         model = resolve_model(registry.default, registry)
@@ -57,15 +101,17 @@ def record(args) -> None:
     conversation: list[dict] = []
     streams = []
     try:
-        for number, line in enumerate(Path(args.requests).read_text().splitlines()):
-            body = json.loads(line)
+        for number, (line, body) in enumerate(requests):
             endpoint, category = body.pop("endpoint"), body.pop("category", None)
             if body.pop("continue", False):
                 body["messages"] = conversation + body["messages"]
             body["temperature"] = 0
-            request = parsing.parse_infill(body) if endpoint == "infill" else parsing.parse(endpoint, body)
-            prompt = service.encode(request)
-            max_tokens = parsing.check_length(request, len(prompt), engine.target.n_ctx)
+            try:
+                request = _parse(body, endpoint)
+                prompt = service.encode(request)
+                max_tokens = parsing.check_length(request, len(prompt), engine.target.n_ctx)
+            except parsing.ApiError as error:
+                raise SystemExit(f"Error: {args.requests}:{line}: {error.message}") from None
             result = _serve(service, Job(prompt, max_tokens, request.params, None, request.stop, request.n_indent))
             answer = service.worker.decoder.history[len(prompt) :]
             stopped = bool(answer) and engine.target.is_eog(answer[-1])
@@ -113,7 +159,7 @@ def simulate(data: dict, costs, draft_max: int) -> list[dict]:
     for module in modules:
         module.time = clock
     try:
-        sentence_ends = frozenset(data["sentence_ends"])
+        sentence_ends = frozenset(data.get("sentence_ends", ()))  # the target's tokens that end a sentence (none in old recordings)
         session = _drafter(costs, draft_max, sentence_ends)
         rows = []
         for stream in data["streams"]:
@@ -149,22 +195,26 @@ def _generate(stream, sequence, data, drafter, costs, clock) -> float:
     # A new decoder reads the whole prompt (not timed); the drafter compares it with what it holds,
     # as the server's does, and remembers what the new prompt abandons.
     decoder = Decoder(target, drafter, all_the_room)
-    return replay_policy.time_generation(decoder, stream, stream["max_tokens"], clock)
+    return replay_policy.time_generation(decoder, stream, replay_policy.max_tokens_of(stream, data), clock)
 
 
 def replay(args) -> None:
-    data = json.loads(Path(args.session).read_text())
-    for path in args.costs:
-        costs = replay_policy.load_curve(path, args.max_batch)
-        rows = simulate(data, costs, min(args.max_batch, max(costs.batch_seconds)) - 1)
+    data = replay_policy.load_recording(args.session)
+    curves = [(path, replay_policy.load_curve(path, args.max_batch)) for path in args.costs]  # every file checked first
+    for path, costs in curves:
+        rows = simulate(data, costs, max(costs.batch_seconds) - 1)
         print(f"\n{Path(path).name}: one token {costs.verify(1) * 1000:.1f} ms")
         if args.verbose:
             for r in rows:
                 if r["tokens"]:
                     print(f"  {r['id']:>4} {r['category']:14} {r['tokens']:4} tokens  session {r['plain'] / r['session']:5.2f}x  alone {r['plain'] / r['alone']:5.2f}x")
+        answered = [r for r in rows if r["tokens"]]
+        if not answered:
+            print("no request was answered with a token: nothing timed")
+            continue
         print(f"{'category':16} {'n':>3} {'session':>8} {'alone':>7} {'lowest':>7}")
-        for category in sorted({r["category"] for r in rows if r["tokens"]}) + ["all"]:
-            chosen = [r for r in rows if r["tokens"] and category in ("all", r["category"])]
+        for category in sorted({r["category"] for r in answered}) + ["all"]:
+            chosen = [r for r in answered if category in ("all", r["category"])]
             plain = sum(r["plain"] for r in chosen)
             lowest = min(r["plain"] / r["session"] for r in chosen)
             print(f"{category:16} {len(chosen):>3} {plain / sum(r['session'] for r in chosen):7.3f}x "
@@ -182,10 +232,15 @@ def main() -> None:
     rep = commands.add_parser("replay")
     rep.add_argument("session")
     rep.add_argument("--costs", required=True, nargs="+", help="machine files, costs.json files or `bench --json` reports")
-    rep.add_argument("--max-batch", type=int, default=32)
+    rep.add_argument("--max-batch", type=replay_policy.at_least(2), default=32, help="largest batch `auto` verifies")
     rep.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
-    record(args) if args.command == "record" else replay(args)
+    from specllm.errors import SpecllmError
+
+    try:
+        record(args) if args.command == "record" else replay(args)
+    except SpecllmError as error:  # a model or the configuration
+        raise SystemExit(f"Error: {error}") from None
 
 
 if __name__ == "__main__":
