@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import types
 
 import numpy as np
@@ -307,6 +308,40 @@ def test_n_indent_ends_an_answer_at_the_block_end(fim_engine):
     assert answer["content"] == "b\n    c = 1\n\n    d\n" and answer["stop_type"] == "limit"
     assert whole["content"] == "".join(SCRIPT) and whole["stop_type"] == "eos"
     assert "".join(e["content"] for e in streamed) == answer["content"] and streamed[-1]["stop_type"] == "limit"
+
+
+# llama.vim's request as it sends it (its ring of other files' chunks carries a time), and the fields it reads
+VIM_FIELDS = ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms", "timings/prompt_per_second",
+              "timings/predicted_n", "timings/predicted_ms", "timings/predicted_per_token_ms", "timings/predicted_per_second",
+              "truncated", "tokens_cached"]  # fmt: skip
+VIM_REQUEST = {"id_slot": 0, "input_prefix": "def f():\n    return ", "input_suffix": "\n", "prompt": "", "n_predict": 128,
+               "input_extra": [{"text": "x = 1\n", "time": 1733000000.5, "filename": "a.py"}], "stop": [], "n_indent": 4,
+               "top_k": 40, "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True,
+               "t_max_prompt_ms": 500, "t_max_predict_ms": 1000 * WAIT, "response_fields": VIM_FIELDS}  # fmt: skip
+
+
+def raw_body(url: str, path: str, body: dict) -> tuple[int, str]:
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=WAIT)
+    try:
+        connection.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
+def test_llama_vims_request_gets_an_answer_that_llama_vim_reads(fim_engine):
+    """llama.vim drops an answer unless its raw text passes `'^\\s*{'` and `'\\v"content"\\s*:"'` (no
+    space after the colon, as llama.cpp writes JSON): with `"content": "` no completion ever showed."""
+    with running(Service(fim_engine, "tiny-fim", make_decoder=lambda: Scripted(SCRIPT))) as url:
+        status, text = raw_body(url, "/infill", VIM_REQUEST)
+        _, streamed = raw_body(url, "/infill", {**VIM_REQUEST, "stream": True, "response_fields": None})
+    assert status == 200 and re.match(r"\s*\{", text) and re.search(r'"content"\s*:"', text), text
+    answer = json.loads(text)
+    assert sorted(answer) == sorted(VIM_FIELDS) and answer["content"] == "b\n    c = 1\n\n    d\n"
+    events = [line for line in streamed.split("\n\n") if line]
+    assert events and all(re.match(r'data: \{"content":"', line) for line in events), streamed
 
 
 def test_t_max_predict_ms_ends_an_answer_past_its_first_new_line(fim_engine, monkeypatch):

@@ -52,30 +52,28 @@ def serve(
         raise UsageError(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
     try:
         from specllm.server.app import Service
-        from specllm.server.run import listen, serve as run_server
+        from specllm.server.run import listen, loading
     except ImportError as exc:
         raise SpecllmError(f'`specllm serve` needs the server extra ({exc.name} is missing): pip install starlette uvicorn') from None
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     sock = listen(host, port)  # a port in use is said before minutes of loading and measuring
-    try:
-        # a server's log says why it is not answering yet, a terminal or not (a client that connects meanwhile waits for it)
-        engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, flash_attn, announce=True, think=not no_think)
-    except BaseException:
-        sock.close()
-        raise
     model_id = _model_id(model)
-    variables = thinking_variables(engine.target, think=not no_think)
-    service = Service(engine, model_id, queue_size, aliases=_aliases(model_id), variables=variables)
+    # meanwhile /health answers 503 "loading model" (editors poll it) and other requests wait
+    with loading(sock, model_id, log_level.lower()) as server:
+        # a server's log says why it is not answering yet, a terminal or not
+        engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, flash_attn, announce=True, think=not no_think)
+        variables = thinking_variables(engine.target, think=not no_think)
+        service = Service(engine, model_id, queue_size, aliases=_aliases(model_id), variables=variables)
 
-    def ready(bound_host: str, bound_port: int) -> None:
-        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-        print(f"specllm serve: {service.model_id} (spec {service.strategy}) on http://{shown}:{bound_port}/v1 "
-              "- Ctrl-C stops", file=sys.stderr, flush=True)  # fmt: skip
+        def ready(bound_host: str, bound_port: int) -> None:
+            shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+            print(f"specllm serve: {service.model_id} (spec {service.strategy}) on http://{shown}:{bound_port}/v1 "
+                  "- Ctrl-C stops", file=sys.stderr, flush=True)  # fmt: skip
 
-    try:
-        run_server(service, sock, ready, log_level.lower())
-    finally:
-        engine.keep_learned()
+        try:
+            server.serve_loaded(service, ready)
+        finally:
+            engine.keep_learned()
     print("specllm serve: stopped", file=sys.stderr, flush=True)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from concurrent.futures import Future
 from typing import Callable
 
 from starlette.applications import Starlette
@@ -24,9 +25,9 @@ from specllm.engine.decode import Decoder
 from specllm.errors import SpecllmError
 from specllm.reasoning import REASONING, ThinkSplitter
 from specllm.server import parsing, rendering, tools
-from specllm.server.parsing import ApiError
+from specllm.server.parsing import ApiError, busy
 from specllm.server.rendering import Renderer
-from specllm.server.worker import LEFT, Job, Result, Worker
+from specllm.server.worker import LEFT, SHUTTING_DOWN, Job, Result, Worker
 
 
 class Service:
@@ -72,25 +73,63 @@ class Service:
         self.worker.close()
 
 
-def create_app(service: Service) -> Starlette:
+class Loading:
+    """The service to come while `serve` loads its models (minutes, with a download or the cost
+    curve's measuring): /health answers 503 "loading model" at once, as llama.cpp's server does for
+    the editors and orchestrators that poll it, and every other route waits for the service (`set`),
+    or answers 503 if it never comes (`fail`: the loading failed or was interrupted)."""
+
+    def __init__(self, model_id: str):
+        self.model_id = model_id
+        self.future: Future[Service] = Future()  # set from the loading thread, awaited in the event loop's
+
+    @classmethod
+    def done(cls, service: Service) -> Loading:
+        loading = cls(service.model_id)
+        loading.set(service)
+        return loading
+
+    def set(self, service: Service) -> None:
+        self.future.set_result(service)
+
+    def fail(self) -> None:
+        if not self.future.done():
+            self.future.set_exception(busy(SHUTTING_DOWN))
+
+    async def service(self) -> Service:
+        if not self.future.done():
+            await asyncio.wrap_future(self.future)
+        return self.future.result()  # the 503 of `fail`, raised
+
+
+def create_app(service: Service | Loading) -> Starlette:
+    loading = service if isinstance(service, Loading) else Loading.done(service)
+
     async def chat(request: HttpRequest):
-        return await _generate(service, "chat", request)
+        return await _generate(await loading.service(), "chat", request)
 
     async def completions(request: HttpRequest):
-        return await _generate(service, "completion", request)
+        return await _generate(await loading.service(), "completion", request)
 
     async def infill(request: HttpRequest):  # llama.cpp's, for its editor plugins (llama.vim, llama.vscode)
-        return await _generate(service, "infill", request)
+        return await _generate(await loading.service(), "infill", request)
 
     async def models(request: HttpRequest):
+        service = await loading.service()
         return JSONResponse(rendering.models_list(service.model_id, service.created))
 
     async def model(request: HttpRequest):  # the OpenAI client's `models.retrieve`
+        service = await loading.service()
         name = request.path_params["name"]
         service.check_name(name)
         return JSONResponse(rendering.model_object(name, service.created))
 
     async def health(request: HttpRequest):
+        if not loading.future.done():  # llama.cpp's answer (its error object) beside specllm's status
+            body = {"status": "loading model", "model": loading.model_id,
+                    "error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}  # fmt: skip
+            return JSONResponse(body, status_code=503, headers=_retry_after(503))
+        service = await loading.service()
         worker = service.worker
         status = "shutting down" if worker.closing.is_set() else "ok"
         return JSONResponse({"status": status, "model": service.model_id, "busy": worker.busy, "queued": worker.queued()},
@@ -251,9 +290,11 @@ class JobResponse:
 
 
 def _json_bytes(obj: dict) -> bytes:
-    """JSON in UTF-8. A lone surrogate, which UTF-8 cannot carry, goes out as its JSON escape: a tool
-    call's arguments hold one where the model wrote "\\ud83d" without its pair."""
-    return json.dumps(obj, ensure_ascii=False).encode("utf-8", "backslashreplace")
+    """Compact JSON in UTF-8, as llama.cpp's server and Starlette's JSONResponse write it: llama.vim
+    drops an /infill answer in which `"content":"` is not written so. A lone surrogate, which UTF-8
+    cannot carry, goes out as its JSON escape: a tool call's arguments hold one where the model
+    wrote "\\ud83d" without its pair."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")
 
 
 async def _send_json(send, status: int, body: dict) -> None:

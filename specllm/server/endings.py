@@ -10,10 +10,16 @@ import copy
 
 class StopText:
     """Text pieces in, text out, ending at the first stop string. A tail that could begin a
-    stop string is held back until the next piece shows whether it does."""
+    stop string is held back until the next piece shows whether it does.
+
+    Each stop string is followed as Knuth-Morris-Pratt follows a pattern: how much of it the text's
+    tail begins (`_matched`), moved on by each new character, so a piece costs its own length
+    whatever the stop strings' (a long one used to cost its length squared at every piece)."""
 
     def __init__(self, stops: list[str]):
         self.stops = [s for s in stops if s]
+        self._borders = [_borders(s) for s in self.stops]  # never changed: copies share them
+        self._matched = (0,) * len(self.stops)  # a tuple, replaced: copies (find_filtered_end) keep their own
         self.held = ""
         self.stopped = False
 
@@ -21,17 +27,48 @@ class StopText:
         if self.stopped or not self.stops:
             return "" if self.stopped else piece
         text = self.held + piece
-        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        if hits:
+        matched, cut = [], len(text)
+        for stop, borders, k in zip(self.stops, self._borders, self._matched):
+            k, end = _follow(stop, borders, k, piece)
+            if end is not None:  # its first occurrence ends in this piece: one never fitted in the text before
+                cut = min(cut, len(self.held) + end - len(stop))
+            matched.append(k)
+        if cut < len(text):
             self.stopped, self.held = True, ""
-            return text[: min(hits)]
-        keep = max((k for s in self.stops for k in range(1, min(len(s) - 1, len(text)) + 1) if text.endswith(s[:k])), default=0)
+            return text[:cut]
+        self._matched = tuple(matched)
+        keep = max(matched)
         self.held = text[len(text) - keep :]
         return text[: len(text) - keep]
 
     def flush(self) -> str:
-        held, self.held = self.held, ""
+        held, self.held, self._matched = self.held, "", (0,) * len(self.stops)
         return "" if self.stopped else held
+
+
+def _borders(stop: str) -> list[int]:
+    """For each prefix of `stop`, the length of its longest proper prefix that is also its suffix."""
+    borders, k = [0] * len(stop), 0
+    for i in range(1, len(stop)):
+        while k and stop[i] != stop[k]:
+            k = borders[k - 1]
+        if stop[i] == stop[k]:
+            k += 1
+        borders[i] = k
+    return borders
+
+
+def _follow(stop: str, borders: list[int], k: int, piece: str) -> tuple[int, int | None]:
+    """How much of `stop` the text's tail begins after `piece`, having begun `k` before it; and where
+    in the piece the stop string first ends, if it does (None)."""
+    for i, char in enumerate(piece):
+        while k and stop[k] != char:
+            k = borders[k - 1]
+        if stop[k] == char:
+            k += 1
+            if k == len(stop):
+                return k, i + 1
+    return k, None
 
 
 class IndentCut:
