@@ -344,6 +344,17 @@ def test_llama_vims_request_gets_an_answer_that_llama_vim_reads(fim_engine):
     assert events and all(re.match(r'data: \{"content":"', line) for line in events), streamed
 
 
+def test_a_model_name_on_infill_is_not_checked_and_an_empty_one_is_none_anywhere(fim_engine):
+    """llama.vim sends `"model": ""` (its `model_fim` unset), llama.vscode the name it starts
+    llama-server with; llama.cpp's /infill reads neither. The OpenAI routes still refuse another
+    model's name, not an empty one."""
+    chat_body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with running(Service(fim_engine, "tiny-fim", make_decoder=lambda: Scripted(SCRIPT))) as url:
+        named = [raw_body(url, "/infill", {**VIM_REQUEST, "model": name})[0] for name in ("", "ggml-org/Qwen2.5-Coder-1.5B-Q8_0-GGUF")]
+        chats = [raw_body(url, "/v1/chat/completions", {**chat_body, "model": name})[0] for name in ("", " ", "gpt-4o")]
+    assert named == [200, 200] and chats == [200, 200, 404]
+
+
 def test_t_max_predict_ms_ends_an_answer_past_its_first_new_line(fim_engine, monkeypatch):
     """llama.cpp's rule: once a new line has come, an answer that has taken longer than the limit
     ends; before one, the line being typed is finished whatever it takes."""

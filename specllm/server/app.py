@@ -161,7 +161,9 @@ async def _generate(service: Service, kind: str, http: HttpRequest):
     except RecursionError:
         raise ApiError(400, "the request body is not valid JSON here: nested too deeply") from None
     request = parsing.parse_infill(body) if kind == "infill" else parsing.parse(kind, body)
-    if request.model is not None:
+    # llama.vim sends "model": "" whatever it is set to, and llama.cpp's /infill reads no name (an
+    # editor sends the one it starts llama-server with): there only the OpenAI routes check it
+    if request.model is not None and request.model.strip() and kind != "infill":
         service.check_name(request.model)
     try:
         prompt = await run_in_threadpool(service.encode, request)
