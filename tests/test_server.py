@@ -565,6 +565,21 @@ def test_a_draft_is_not_verified_past_the_stop_string_that_ends_the_text(tiny_se
     assert cut.usage.model_extra["speculation"]["drafted"] <= cut.usage.completion_tokens + 1
 
 
+def test_an_editors_list_of_stop_strings_is_read_whole(tiny_server):
+    """Continue's autocomplete sends Qwen2.5-Coder's nine special-token texts, and a stop of its own,
+    as `stop` (OpenAI allows four: every one of its requests got a 400); the text ends at the first met."""
+    url, _ = tiny_server
+    api = client(url)
+    prompt = "An editor's stop strings."
+    text = api.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0).choices[0].text
+    ours = next(text[i : i + 2] for i in range(6, len(text) - 8) if text.find(text[i : i + 2]) == i)
+    continues = ["<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+                 "<|repo_name|>", "<|file_sep|>", "<|im_start|>", "<|im_end|>"]  # fmt: skip
+    cut = api.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0, stop=[*continues, ours])
+    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].text == text[: text.find(ours)]
+    assert raw(url, "POST", "/v1/completions", {"prompt": prompt, "stop": ["x"] * 65})[0] == 400
+
+
 # -- the command: signals and the exit code ------------------------------------------------------
 
 
