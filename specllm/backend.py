@@ -3,7 +3,9 @@
 A `LlamaBackend` holds one model and one context with a single sequence. `evaluate`
 appends tokens to the KV cache and returns logits only for the rows asked for (per-token
 logits flags), `rewind` drops the KV cache after a position, `snapshot`/`restore` save and bring back
-a KV cache (the calibration's timings at two depths, side by side). Everything above this module
+a KV cache (the calibration's timings at two depths, side by side). `kv_edits` counts the changes to
+the KV cache, so that a decoder sees when another user of the model (a second decoder of one engine,
+the calibration, a pass an exception cut short) changed it behind its back. Everything above this module
 talks to the small `Backend` protocol (`specllm.engine.protocol`), so tests can swap in a fake model.
 """
 
@@ -259,6 +261,7 @@ class LlamaBackend:
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.n_past = 0
+        self.kv_edits = 0  # changes to the KV cache: evaluations, rewinds that dropped something, restores
         self._piece_cache: dict[int, bytes] = {}
         self._chat_template: ChatTemplate | None | bool = False  # compiled at first use (None: it cannot be)
         self.exact_batch: int | None = None  # with exact kernels, the largest verification that keeps them
@@ -421,7 +424,9 @@ class LlamaBackend:
         return rows
 
     def _decode(self, chunk: Sequence[int], flags: Sequence[bool]) -> None:
+        decode = self._lib.llama_decode  # first: after `close` this is what says so (the batch is freed)
         batch = self._batch
+        self.kv_edits += 1
         for i, (token, want) in enumerate(zip(chunk, flags)):
             batch.token[i] = token
             batch.pos[i] = self.n_past + i
@@ -430,7 +435,7 @@ class LlamaBackend:
             batch.logits[i] = want
         batch.n_tokens = len(chunk)
         try:
-            status = self._lib.llama_decode(self._ctx, batch)
+            status = decode(self._ctx, batch)
         except BaseException:
             # A Ctrl-C lands in the pass and is raised as it returns, the batch in the KV cache: count what
             # llama.cpp holds, or rewind(0) keeps it and the next evaluation fails (status -1).
@@ -445,6 +450,7 @@ class LlamaBackend:
         if n_past < self.n_past:
             self._lib.llama_memory_seq_rm(self._memory, 0, n_past, -1)
             self.n_past = n_past
+            self.kv_edits += 1
 
     def snapshot(self) -> "KvSnapshot":
         """A copy of the KV cache as it is now, for `restore`: cheaper than evaluating its tokens again."""
@@ -455,11 +461,14 @@ class LlamaBackend:
 
     def restore(self, snapshot: "KvSnapshot") -> None:
         """Make the KV cache hold exactly what it held at `snapshot`."""
+        self.kv_edits += 1
         if not self._lib.llama_state_seq_set_data(self._ctx, snapshot.data, snapshot.size, 0):
             raise SpecllmError("llama.cpp could not restore a saved KV cache")
         self.n_past = snapshot.n_past
 
     def close(self) -> None:
+        """Free the model and its context. Any later use raises `SpecllmError` (llama.cpp would read
+        freed memory: a crash, or tokens from garbage)."""
         lib = self._lib
         if getattr(self, "_batch", None) is not None:
             lib.llama_batch_free(self._batch)
@@ -470,12 +479,25 @@ class LlamaBackend:
         if getattr(self, "_model", None):
             lib.llama_model_free(self._model)
             self._model = None
+        self._lib = _Closed(self.path)
 
     def __del__(self):  # pragma: no cover - best effort at interpreter exit
         try:
             self.close()
         except Exception:
             pass
+
+
+class _Closed:
+    """What a closed `LlamaBackend` calls llama.cpp through: every call says the model is closed."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # copying, pickling: not a call into llama.cpp
+            raise AttributeError(name)
+        raise SpecllmError(f"{self.path.name} is closed (Engine.close or LlamaBackend.close freed it): load it again to use it")
 
 
 class DeferredBackend:
@@ -489,6 +511,7 @@ class DeferredBackend:
         self.model: Backend | None = None
         self.path, self.options, self._load = Path(path), options, load
         self.n_gpu_layers = gpu_layers(options)
+        self.closed = False
 
     @property
     def loaded(self) -> bool:
@@ -498,8 +521,14 @@ class DeferredBackend:
     def n_past(self) -> int:
         return self.model.n_past if self.model is not None else 0
 
+    @property
+    def kv_edits(self) -> int | None:
+        return getattr(self.model, "kv_edits", None) if self.model is not None else 0
+
     def load(self) -> Backend:
         if self.model is None:
+            if self.closed:  # its engine was closed before it was ever used: loading now would leak it
+                raise SpecllmError(f"{self.path.name} is closed (Engine.close freed it): load it again to use it")
             self.model = self._load(self.path, self.options)
         return self.model
 
@@ -508,6 +537,7 @@ class DeferredBackend:
             self.model.rewind(n_past)
 
     def close(self) -> None:
+        self.closed = True
         if self.model is not None:
             self.model.close()
 

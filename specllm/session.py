@@ -167,7 +167,10 @@ class Engine:
         return "|".join(files + [f"threads={self.target.n_threads}", f"ngl={self.target.n_gpu_layers}", f"max={largest}", CALIBRATION_METHOD, system_info()] + kernels)
 
     def decoder(self, strategy: str | None = None) -> Decoder:
-        """A fresh decoder (empty history, KV caches cleared) for a strategy."""
+        """A fresh decoder (empty history, KV caches cleared) for a strategy. Decoders of one engine
+        share its models: one that finds the KV caches changed by another reads its history again
+        (the same text, at the cost of that reading). Under `auto`, the first decoder measures this
+        machine's cost curve (minutes) unless `cost_cache` holds one for these models."""
         spec = replace(self.spec, strategy=strategy or self.spec.strategy).validate()
         if spec.strategy == "draft" and self.draft is None:
             raise UsageError("--spec draft needs a draft model: pass --draft PATH or a preset that has one")
@@ -197,6 +200,7 @@ class Engine:
         return Decoder(self.target, drafter, fixed_budget(min(spec.draft_max, self.max_batch - 1)))
 
     def close(self) -> None:
+        """Free the models; using them afterwards (this engine, its decoders) raises `SpecllmError`."""
         for model in (self.draft, self.target):
             if model is not None:
                 model.close()

@@ -110,6 +110,26 @@ def test_a_restored_snapshot_holds_the_kv_cache_it_was_taken_from(model):
     assert_same_rows(model.evaluate(tokens[cut:], list(range(len(tokens) - cut))), expected, "after restore")
 
 
+def test_every_change_of_the_kv_cache_is_counted(model):
+    """`kv_edits` tells a decoder whether the cache is still as it left it (decoders of one engine
+    share the model): every evaluation, rewind that drops something and restore counts; nothing else."""
+    tokens = model.tokenize(TEXT)
+    seen = [model.kv_edits]
+    model.evaluate(tokens[:6], [])
+    seen.append(model.kv_edits)
+    snapshot = model.snapshot()
+    model.rewind(6)  # drops nothing
+    model.tokenize(TEXT)
+    model.token_bytes(tokens[0])
+    model.snapshot()
+    seen.append(model.kv_edits)
+    model.rewind(2)
+    seen.append(model.kv_edits)
+    model.restore(snapshot)
+    seen.append(model.kv_edits)
+    assert seen[1] > seen[0] and seen[2] == seen[1] and seen[3] > seen[2] and seen[4] > seen[3]
+
+
 def test_prefill_longer_than_n_batch_is_split_into_chunks(target_path):
     small = _load(target_path, n_batch=16)
     tokens = small.tokenize(TEXT * 3)

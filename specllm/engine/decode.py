@@ -9,6 +9,7 @@ The target's KV cache always holds every committed token but the last; each step
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
@@ -80,7 +81,10 @@ class Decoder:
     """Generation state for one conversation: the target, an optional drafter, and the history.
 
     Calling `generate` again with a prompt that extends the history (a chat's next turn)
-    evaluates only the new tokens.
+    evaluates only the new tokens. One generation runs at a time: starting another abandons the
+    one before (resuming it raises). Where something else changed the target's KV cache meanwhile
+    (another decoder of the same engine, a calibration; a backend's `kv_edits` tells), the history
+    is read again from the start, so the text stays the same, only slower.
     """
 
     def __init__(self, target: Backend, drafter: Drafter | None = None, budget: DraftBudget | None = None):
@@ -88,6 +92,8 @@ class Decoder:
         self.drafter = drafter
         self.budget = budget or fixed_budget(8)
         self.history: list[int] = []  # committed tokens; the target's KV cache holds history[:-1]
+        self._kv_edits = None  # the target's `kv_edits` when its KV cache last held what this decoder put there
+        self._generation = 0  # the latest `generate` that ran: an older one resumed raises
 
     def generate(
         self,
@@ -105,14 +111,16 @@ class Decoder:
         it: above temperature 0 a draft model's token decides where its draft ends only as the last
         token drafted, verified like the others; leaving it out for the target's own draw instead
         would skew the distribution.)"""
-        if not prompt:
-            raise SpecllmError("the prompt is empty")
+        prompt = self._checked(prompt)
         if len(prompt) >= self.target.n_ctx:
             raise SpecllmError(
                 f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}; "
                 "raise --ctx-size or shorten the prompt"
             )
+        self._generation += 1
+        generation = self._generation
         yield self._prefill(prompt, stop)
+        self._resumed(generation)
         if len(self.history) < len(prompt):  # stopped while reading the prompt
             yield Done("interrupted", [], "")
             return
@@ -124,12 +132,14 @@ class Decoder:
             if stop is not None and stop():
                 reason = "interrupted"
                 break
+            if not self._holds_kv():  # another decoder of this engine used the target while this one was paused
+                self._read(self.history, 0)
             room = self.target.n_ctx - self.target.n_past - 1  # KV slots left after `last`
             if room < 0:
                 reason = "context"
                 break
             limit = min(room, max_tokens - len(generated) - 1)
-            ended = yield from self._step(limit, params, rng, randoms, text, generated, find_text_end)
+            ended = yield from self._step(limit, params, rng, randoms, text, generated, generation, find_text_end)
             if ended:
                 reason = "stop"
                 break
@@ -138,7 +148,34 @@ class Decoder:
             yield TokenCommitted(-1, tail, "target")
         yield Done(reason, generated, text.text)
 
-    def _step(self, limit: int, params, rng, randoms: Randoms | None, text: _TextStream, generated: list[int], find_text_end=None):
+    def _checked(self, prompt) -> list[int]:
+        """The prompt as a list of token ids (any sequence of integers: a list, a tuple, a numpy array),
+        refused where empty or where an id is not in the target's vocabulary (llama.cpp would fail the
+        pass with a bare status, or abort the process reading the token's text)."""
+        try:
+            prompt = [operator.index(token) for token in prompt]
+        except TypeError:
+            raise SpecllmError("the prompt must be a sequence of integer token ids") from None
+        if not prompt:
+            raise SpecllmError("the prompt is empty")
+        low, high = min(prompt), max(prompt)
+        if low < 0 or high >= self.target.n_vocab:
+            raise SpecllmError(
+                f"the prompt holds token id {low if low < 0 else high}, not in the vocabulary (0 to {self.target.n_vocab - 1})"
+            )
+        return prompt
+
+    def _resumed(self, generation: int) -> None:
+        """Refuse to go on with a generation that a later `generate` call on this decoder replaced: the
+        history and the KV caches are that one's now."""
+        if generation != self._generation:
+            raise SpecllmError("this generation was abandoned: a later generate() call on the same decoder took its place")
+
+    def _holds_kv(self) -> bool:
+        """Whether the target's KV cache is as this decoder left it (always, for a backend that does not count its edits)."""
+        return getattr(self.target, "kv_edits", None) == self._kv_edits
+
+    def _step(self, limit: int, params, rng, randoms: Randoms | None, text: _TextStream, generated: list[int], generation: int, find_text_end=None):
         """One speculative step: draft at most `limit` tokens, verify them in one target pass, commit
         what passed and the target's own token (to `generated`), yielding each token and then the
         step's figures; returns whether the target ended the generation."""
@@ -159,6 +196,7 @@ class Decoder:
                 break
             generated.append(token)
             yield TokenCommitted(token, text.push(token), source)
+            self._resumed(generation)
         self._settle()
         yield StepDone(
             draft.source if draft.tokens else None,
@@ -171,6 +209,7 @@ class Decoder:
             draft.model_seconds,
             draft.sources[: len(draft.tokens)],
         )
+        self._resumed(generation)
         return ended
 
     def _prefill(self, prompt: list[int], stop: Callable[[], bool] | None = None) -> PrefillDone:
@@ -178,17 +217,26 @@ class Decoder:
         between batches of the target's n_batch (the batches one evaluation would read), and where it
         says stop, history holds what was read (the next prompt reuses it)."""
         started = time.perf_counter()
-        reused = common_prefix(self.history[:-1], prompt[:-1]) if self.history else 0
-        reused = read = min(reused, self.target.n_past)
-        self.target.rewind(reused)
-        while read < len(prompt) - 1 and not (stop is not None and stop()):
-            batch = prompt[read : min(read + self.target.n_batch, len(prompt) - 1)]
-            self.target.evaluate(batch, [])
-            read += len(batch)
+        reused = common_prefix(self.history[:-1], prompt[:-1]) if self.history and self._holds_kv() else 0
+        reused = min(reused, self.target.n_past)
+        self.history = list(prompt[: reused + 1])  # true of the KV cache whatever stops the reading (an exception too)
+        read = self._read(prompt, reused, stop)
         self.history = list(prompt[: read + 1])
         if self.drafter is not None and len(self.history) == len(prompt):
             self.drafter.start(self.history)
         return PrefillDone(len(prompt), reused, time.perf_counter() - started)
+
+    def _read(self, tokens: list[int], start: int, stop: Callable[[], bool] | None = None) -> int:
+        """Make the target's KV cache hold tokens[:-1], keeping the first `start` it holds, in batches
+        of its n_batch, asking `stop` between them; returns how many it holds."""
+        self.target.rewind(start)
+        read = start
+        while read < len(tokens) - 1 and not (stop is not None and stop()):
+            batch = tokens[read : min(read + self.target.n_batch, len(tokens) - 1)]
+            self.target.evaluate(batch, [])
+            read += len(batch)
+        self._kv_edits = getattr(self.target, "kv_edits", None)
+        return read
 
     def _propose(self, limit: int, params, rng, text: _TextStream, find_text_end=None) -> tuple[Draft, float]:
         """The drafter's draft, cut after the token where `find_text_end` says the text ends (the
@@ -210,11 +258,14 @@ class Decoder:
         last, position = self.history[-1], len(self.history)  # row i chooses the token at position + i
         k = len(draft.tokens)
         logits = self.target.evaluate([last, *draft.tokens], list(range(k + 1)), copy=False)
+        self._kv_edits = getattr(self.target, "kv_edits", None)  # holds history[:-1] still: a generation abandoned mid-step leaves it reusable
         return verify(logits, draft.tokens, draft.q_draft, params, lambda i: randoms.at(position + i)), logits
 
     def _settle(self) -> None:
         """Rewind the target to hold history[:-1] and tell the drafter what was committed."""
-        self.target.rewind(len(self.history) - 1)
+        if self._holds_kv():  # else another decoder used it while this step's tokens were taken: read again at the next step
+            self.target.rewind(len(self.history) - 1)
+            self._kv_edits = getattr(self.target, "kv_edits", None)
         if self.drafter is not None:
             self.drafter.commit(self.history)
 

@@ -142,6 +142,7 @@ class ModelDrafter:
         self.ends_generation = ends_generation  # the target's end-of-generation tokens (the draft model's own may differ)
         model.rewind(0)
         self.kv_tokens: list[int] = []  # what the draft model's KV cache holds, in order
+        self._kv_edits = getattr(model, "kv_edits", None)  # the model's count of KV edits when it held kv_tokens
         self.caught_up = 0  # tokens read by the last proposal's catch-up (what `pending` said)
         self.catch_up_seconds = 0.0  # the time of that catch-up's one pass (it gives the first draft token's logits)
         self.steps = 0  # one-token passes of the last proposal: one per drafted token, bar the last where the draft
@@ -181,6 +182,7 @@ class ModelDrafter:
             logits = self._fit(self.model.evaluate([token], [0], copy=False)[0])
             self.kv_tokens.append(token)
             self.steps += 1
+        self._kv_edits = getattr(self.model, "kv_edits", None)
         if not tokens:  # not confident: an empty draft, so the time spent reading is still accounted
             return Draft([], None, self.source, model_seconds=time.perf_counter() - started)
         return Draft(tokens, rows or None, self.source, model_seconds=time.perf_counter() - started)
@@ -199,11 +201,16 @@ class ModelDrafter:
         return max(len(history) - common_prefix(self.kv_tokens, history), 1)
 
     def commit(self, history: list[int]) -> None:
-        """Drop KV entries that the committed history contradicts (rejected drafts)."""
+        """Drop KV entries that the committed history contradicts (rejected drafts); all of them where
+        something else changed the model's KV cache since (another decoder, a pass cut short)."""
+        if getattr(self.model, "kv_edits", None) != self._kv_edits:
+            self.model.rewind(0)
+            self.kv_tokens.clear()
         keep = common_prefix(self.kv_tokens, history)
         if keep < len(self.kv_tokens):
             self.model.rewind(keep)
             del self.kv_tokens[keep:]
+        self._kv_edits = getattr(self.model, "kv_edits", None)
 
     def start(self, prompt: list[int]) -> None:
         self.commit(prompt)

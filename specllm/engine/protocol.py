@@ -15,6 +15,8 @@ class Backend(Protocol):
     n_ctx: int
     n_batch: int  # the most tokens one evaluation reads at once (a longer input is read in such batches)
     n_past: int  # tokens held in the KV cache
+    # Optional, read with getattr: `kv_edits`, a count of the changes to the KV cache, by which a
+    # decoder sees that another user of the model changed it (None where a backend does not count).
 
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]: ...
 
