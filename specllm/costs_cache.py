@@ -60,19 +60,31 @@ def save_learned(path: Path | None, key: str, calibrated: CostModel, learned: Co
         _write_cache(path, data)
 
 
+# Batch sizes a curve may hold: --draft-max is at most 256. A larger one (an edit by hand) would make
+# the cost model interpolate every size up to it, gigabytes for a size of 10**9.
+MAX_BATCH = 1024
+
+
 def _entry(data: dict, key: str) -> CostModel | None:
     try:
         costs = CostModel.from_dict(data[key])
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):  # OverflowError: an infinite count
         return None  # a damaged cache is simply measured again
-    # no sizes, or a size that costs nothing or NaN: damaged too (the cost model cannot price from it)
-    seconds = list(costs.batch_seconds.values())
-    return costs if seconds and all(math.isfinite(s) and s > 0 for s in seconds) else None
+    # no sizes, a size out of range, one that costs nothing or NaN, or a figure that is not finite:
+    # damaged too (the cost model cannot price from it)
+    sizes = costs.batch_seconds
+    figures = [costs.draft_seconds, costs.context_seconds, costs.draft_token_seconds, costs.deep_growth]
+    if not sizes or not all(1 <= k <= MAX_BATCH and math.isfinite(s) and s > 0 for k, s in sizes.items()):
+        return None
+    if not all(math.isfinite(f) for f in figures) or costs.depth < 0 or costs.passes < 0:
+        return None
+    return costs
 
 
 def _read_cache(path: Path | None) -> dict:
     try:
-        data = json.loads(path.read_text("utf-8")) if path is not None and path.is_file() else {}
+        # a byte-order mark (an editor's, on a file edited by hand) is no JSON: read without it
+        data = json.loads(path.read_text("utf-8").removeprefix("\ufeff")) if path is not None and path.is_file() else {}
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

@@ -257,7 +257,7 @@ def test_hanging_hugging_face_probe_is_bounded():
     def hang(url, timeout=None):
         time.sleep(30)
 
-    fake_module = SimpleNamespace(hf_hub_url=lambda repo, file: f"{repo}/{file}", get_hf_file_metadata=hang)
+    fake_module = SimpleNamespace(hf_hub_url=lambda repo, file, endpoint=None: f"{repo}/{file}", get_hf_file_metadata=hang)
     started = time.monotonic()
     with pytest.raises(hub.Unreachable, match=r"unreachable \(no answer in 0.2 s\)"):
         hub._probe_hf(fake_module, entry_for(DATA, hf_repo="org/fake"), 0.2)

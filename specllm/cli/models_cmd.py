@@ -68,7 +68,8 @@ def rm(
 ) -> None:
     """Delete models' files from the cache (a preset: its target, and its draft unless another preset
     whose target is cached drafts with it too). They download again when used."""
-    reg = catalog.load_registry()
+    # hf: names need no registry, as in `pull` (a user file with a mistake in it does not stop them)
+    reg = catalog.load_registry() if not all(hfnames.is_hf_name(n) for n in names) else catalog.Registry()
     cache = catalog.cache_dir()
     targets = {}  # label -> the files that make it up; every name is checked before anything is deleted
     drafts = set()  # models named only as a preset's draft

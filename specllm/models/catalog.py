@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from specllm.errors import SpecllmError
+from specllm.models.hfnames import PREFIX as HF_PREFIX
 
 try:
     import tomllib
@@ -96,18 +97,39 @@ class Registry:
 
 def cache_dir() -> Path:
     """$SPECLLM_CACHE, else $XDG_CACHE_HOME/specllm, else ~/.cache/specllm."""
-    if os.environ.get("SPECLLM_CACHE"):
-        return Path(os.environ["SPECLLM_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "specllm"
+    return _from_variable("SPECLLM_CACHE") or _xdg_base("XDG_CACHE_HOME", ".cache") / "specllm"
 
 
 def user_config_path() -> Path:
     """$SPECLLM_CONFIG, else $XDG_CONFIG_HOME/specllm/models.toml, else ~/.config/specllm/models.toml."""
-    if os.environ.get("SPECLLM_CONFIG"):
-        return Path(os.environ["SPECLLM_CONFIG"]).expanduser()
-    xdg = os.environ.get("XDG_CONFIG_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".config") / "specllm" / "models.toml"
+    return _from_variable("SPECLLM_CONFIG") or _xdg_base("XDG_CONFIG_HOME", ".config") / "specllm" / "models.toml"
+
+
+def _from_variable(variable: str) -> Path | None:
+    value = os.environ.get(variable)
+    return _expand(value, variable) if value else None
+
+
+def _xdg_base(variable: str, default: str) -> Path:
+    """An XDG base folder: the variable's path when it is absolute (the XDG specification says a
+    relative one is to be ignored: it would mean another folder in every working directory), else ~/default."""
+    path = _from_variable(variable)
+    if path is not None and path.is_absolute():
+        return path
+    return _expand("~", "HOME") / default
+
+
+def _expand(value: str, variable: str) -> Path:
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:  # ~name of no user, or ~ with HOME unset and no password entry for this user
+        user = value[1:].split("/", 1)[0]
+        if user:
+            raise SpecllmError(f"{variable} is '{value}', but there is no user '{user}' to expand '~{user}' to") from None
+        raise SpecllmError(
+            "cannot find the home folder (HOME is not set, and this user has no entry in the password database); "
+            "set HOME, or SPECLLM_CACHE and SPECLLM_CONFIG"
+        ) from None
 
 
 # ---------------------------------------------------------------- loading
@@ -129,6 +151,7 @@ def load_registry(user_path: Path | None = None) -> Registry:
     user = read_registry(path)
     merged = merge(registry, user)
     check_links(user, merged, str(path))
+    check_shadowed(user, merged, str(path))
     return merged
 
 
@@ -139,7 +162,8 @@ def read_registry(path: Path) -> Registry:
         raise SpecllmError(f"cannot read {path}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
         raise SpecllmError(f"{path}: not a UTF-8 text file (byte {exc.start})") from None
-    return parse_registry(text, str(path))
+    # a byte-order mark (Notepad, PowerShell) is no TOML: read without it, as `chat` reads a script
+    return parse_registry(text.removeprefix("\ufeff"), str(path))
 
 
 def parse_registry(text: str, source: str) -> Registry:
@@ -173,6 +197,18 @@ def check_links(part: Registry, full: Registry, source: str) -> None:
         raise SpecllmError(f"{source}: default '{part.default}' is not a preset (known: {_names(full.presets)})")
 
 
+def check_shadowed(part: Registry, full: Registry, source: str) -> None:
+    """A model in `part` named like a preset of another target: `-m`, `pull` and `rm` would mean the
+    preset's models, never this one (`rm NAME` would delete the preset's files)."""
+    for name in part.models:
+        preset = full.presets.get(name)
+        if preset is not None and preset.target != name:
+            raise SpecllmError(
+                f"{source}: model '{name}' has the name of preset '{name}' (target '{preset.target}'), "
+                f"which -m, pull and rm take first; rename the model"
+            )
+
+
 def _parse_all(items, kind: str, parse, source: str) -> dict:
     if not isinstance(items, list):
         raise SpecllmError(f"{source}: '{kind}' must be an array of tables ([[{kind}]])")
@@ -192,7 +228,7 @@ def _parse_preset(table: dict, where: str) -> Preset:
     where = _label(table, where)
     _check_keys(table, {"name", "target", "draft", "description", "hardware"}, {"name", "target"}, where)
     return Preset(
-        name=_required(table, "name", str, where),
+        name=_name(table, where),
         target=_required(table, "target", str, where),
         draft=_optional(table, "draft", str, where),
         description=_optional(table, "description", str, where) or "",
@@ -232,7 +268,7 @@ def _parse_model(table: dict, where: str) -> ModelEntry:
     if not isinstance(mirrors, list):
         raise SpecllmError(f"{where}: 'mirrors' must be an array of tables ([[model.mirrors]])")
     return ModelEntry(
-        name=_required(table, "name", str, where),
+        name=_name(table, where),
         file=files[0],
         size=size,
         sha256=sha256,
@@ -242,6 +278,17 @@ def _parse_model(table: dict, where: str) -> ModelEntry:
         parts=tuple(files) if len(files) > 1 else (),
         approx_size=_positive(table, "approx_size", where),
     )
+
+
+def _name(table: dict, where: str) -> str:
+    """An entry's name, which `-m` must read as a name: not as a path (a slash, `.gguf`) or an `hf:` name."""
+    name = _required(table, "name", str, where)
+    if looks_like_path(name) or "\\" in name or name.startswith(HF_PREFIX):
+        raise SpecllmError(
+            f"{where}: name '{name}' would be read as a path or an hf: name by -m; "
+            "use a name without '/' or '\\', not ending in .gguf, not starting with hf:"
+        )
+    return name
 
 
 def _model_files(table: dict, where: str) -> list[str]:

@@ -245,7 +245,7 @@ def _probe_hf(huggingface_hub, entry: ModelEntry, hf_timeout: float) -> None:
 
     def probe() -> None:
         try:
-            url = huggingface_hub.hf_hub_url(entry.hf_repo, entry.file)
+            url = huggingface_hub.hf_hub_url(entry.hf_repo, entry.file, endpoint=_endpoint())
             huggingface_hub.get_hf_file_metadata(url, timeout=hf_timeout)
             outcome.append(None)
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
@@ -268,7 +268,8 @@ def _hf_download(huggingface_hub, entry: ModelEntry, report: Report, hf_timeout:
         huggingface_hub.utils.disable_progress_bars()
     try:
         return huggingface_hub.hf_hub_download(
-            entry.hf_repo, entry.file, etag_timeout=hf_timeout, local_files_only=local_only, **kwargs
+            entry.hf_repo, entry.file, etag_timeout=hf_timeout, local_files_only=local_only,
+            endpoint=_endpoint(), cache_dir=_hf_hub_cache(), **kwargs
         )
     except huggingface_hub.utils.LocalEntryNotFoundError:
         if local_only:
@@ -444,17 +445,24 @@ def _from_hf_cache(huggingface_hub, repo: str, commit: str, remote: RemoteFile, 
 
 
 def _endpoint() -> str:
-    # read on each call: huggingface_hub reads HF_ENDPOINT once, when it is imported
+    # read on each call: huggingface_hub reads HF_ENDPOINT once, when it is imported, and takes an
+    # empty one (`HF_ENDPOINT=`, a compose file passing on an unset variable) as the endpoint itself
     from huggingface_hub import constants
 
-    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+    default = getattr(constants, "_HF_DEFAULT_ENDPOINT", "")
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT or default).rstrip("/")
 
 
 def _hf_hub_cache() -> str:
+    # read on each call, as _endpoint; expanded as huggingface_hub expands them (`~`, `$VAR`)
     if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
+        return _expand(os.environ["HF_HUB_CACHE"])
     if os.environ.get("HF_HOME"):
-        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
+        return os.path.join(_expand(os.environ["HF_HOME"]), "hub")
     from huggingface_hub import constants
 
     return constants.HF_HUB_CACHE
+
+
+def _expand(value: str) -> str:
+    return os.path.expandvars(os.path.expanduser(value))
