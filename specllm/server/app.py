@@ -16,6 +16,8 @@ from typing import Callable
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request as HttpRequest
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -25,7 +27,7 @@ from specllm.engine.decode import Decoder
 from specllm.errors import SpecllmError
 from specllm.reasoning import REASONING, ThinkSplitter
 from specllm.server import parsing, rendering, tools
-from specllm.server.parsing import ApiError, busy
+from specllm.server.parsing import LLAMA_CPP_KINDS, ApiError, busy
 from specllm.server.rendering import Renderer
 from specllm.server.worker import LEFT, SHUTTING_DOWN, Job, Result, Worker
 
@@ -114,6 +116,9 @@ def create_app(service: Service | Loading) -> Starlette:
     async def infill(request: HttpRequest):  # llama.cpp's, for its editor plugins (llama.vim, llama.vscode)
         return await _generate(await loading.service(), "infill", request)
 
+    async def native(request: HttpRequest):  # llama.cpp's /completion, for Continue's "llama.cpp" provider
+        return await _generate(await loading.service(), "native", request)
+
     async def models(request: HttpRequest):
         service = await loading.service()
         return JSONResponse(rendering.models_list(service.model_id, service.created))
@@ -136,15 +141,24 @@ def create_app(service: Service | Loading) -> Starlette:
                             status_code=503 if worker.closing.is_set() else 200)  # fmt: skip
 
     routes = [
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
         Route("/infill", infill, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/models/{name:path}", model, methods=["GET"]),
+        Route("/completion", native, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
     ]
+    # The OpenAI routes with and without /v1, as llama.cpp's server has them: a client given the
+    # server's address as its base URL (aider's OPENAI_API_BASE, Zed's api_url) adds no /v1
+    for prefix in ("/v1", ""):
+        routes += [
+            Route(f"{prefix}/chat/completions", chat, methods=["POST"]),
+            Route(f"{prefix}/completions", completions, methods=["POST"]),
+            Route(f"{prefix}/models", models, methods=["GET"]),
+            Route(f"{prefix}/models/{{name:path}}", model, methods=["GET"]),
+        ]
     handlers = {HTTPException: _http_error, ApiError: _api_error, Exception: _internal_error}
-    return Starlette(routes=routes, exception_handlers=handlers)
+    # Any origin may call, as llama.cpp's server and OpenAI's API allow: browser clients (Open WebUI's
+    # direct connections, web pages built on the openai JS client) send a preflight first
+    cors = Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"], max_age=600)
+    return Starlette(routes=routes, exception_handlers=handlers, middleware=[cors])
 
 
 async def _generate(service: Service, kind: str, http: HttpRequest):
@@ -160,10 +174,12 @@ async def _generate(service: Service, kind: str, http: HttpRequest):
         raise ApiError(400, "the request body is not valid JSON here: a number has too many digits") from None
     except RecursionError:
         raise ApiError(400, "the request body is not valid JSON here: nested too deeply") from None
-    request = parsing.parse_infill(body) if kind == "infill" else parsing.parse(kind, body)
-    # llama.vim sends "model": "" whatever it is set to, and llama.cpp's /infill reads no name (an
-    # editor sends the one it starts llama-server with): there only the OpenAI routes check it
-    if request.model is not None and request.model.strip() and kind != "infill":
+    parse = {"infill": parsing.parse_infill, "native": parsing.parse_native}.get(kind)
+    request = parse(body) if parse else parsing.parse(kind, body)
+    # llama.vim sends "model": "" whatever it is set to, and llama.cpp's own routes read no name (an
+    # editor sends the one it starts llama-server with, Continue the one in its config): only the
+    # OpenAI routes check it
+    if request.model is not None and request.model.strip() and kind not in LLAMA_CPP_KINDS:
         service.check_name(request.model)
     try:
         prompt = await run_in_threadpool(service.encode, request)
@@ -268,7 +284,7 @@ class JobResponse:
                 else:  # usage on the last chunk all the same (what speculation did), as llama.cpp's server sends its timings
                     await self._event(send, self.render.chunk(None, reason, usage))
                 break
-        end = b"" if self.request.kind == "infill" else b"data: [DONE]\n\n"  # llama.cpp's own stream has no end marker
+        end = b"" if self.request.kind in LLAMA_CPP_KINDS else b"data: [DONE]\n\n"  # llama.cpp's own stream has no end marker
         await send({"type": "http.response.body", "body": end, "more_body": False})
 
     async def _piece(self, send, part: str, text: str, content: tools.ContentText | None) -> None:
@@ -286,7 +302,7 @@ class JobResponse:
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
     def _reason(self, result: Result) -> str:
-        if self.request.kind == "infill":
+        if self.request.kind in LLAMA_CPP_KINDS:
             return rendering.infill_stop_type(result)
         return "stop" if result.stopped_by_text else rendering.finish_reason(result.finish_reason)
 

@@ -20,6 +20,8 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's
 TEMPLATE_OWN = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}  # what specllm gives a template
 MAX_STOPS = 64  # OpenAI allows 4, llama.cpp any number; Continue's autocomplete sends 9 for Qwen2.5-Coder (a 400 broke it)
 COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's; chat runs to the context's end
+NO_LIMIT = -1  # max_tokens -1: until the end token or the context's end, as llama.cpp's server reads it (llama.vscode sent it)
+LLAMA_CPP_KINDS = ("infill", "native")  # llama.cpp's own routes (/infill, /completion): its answer's shape, no model check
 DEFAULTS = SamplingParams()  # a field left out takes specllm's default, as llama.cpp's server does
 SAMPLING_FIELDS = {field: repr(field) for field in ("temperature", "top_k", "top_p", "min_p", "seed")}  # as an error names them: 'top_p'
 
@@ -50,9 +52,9 @@ class Infill:
 
 @dataclass(frozen=True)
 class Request:
-    kind: str  # "chat", "completion" or "infill"
+    kind: str  # "chat", "completion" (/v1/completions), "infill" or "native" (llama.cpp's /infill and /completion)
     messages: list[dict] | None  # chat: roles mapped to the template's (developer -> system); tool calls' arguments as objects
-    prompt: str | list[int] | None  # completion: text, or token ids
+    prompt: str | list[int] | None  # completion, native: text, or token ids
     max_tokens: int | None  # None: as many as the context holds (chat)
     params: SamplingParams
     stop: list[str] = field(default_factory=list)
@@ -80,8 +82,7 @@ class Request:
 
 def parse(kind: str, body: object) -> Request:
     """A request body (already JSON-decoded) checked field by field."""
-    if not isinstance(body, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {_type(body)}")
+    _object(body)
     messages = prompt = suffix = tools = variables = None
     tool_choice = "auto"
     if kind == "chat":
@@ -98,14 +99,14 @@ def parse(kind: str, body: object) -> Request:
         raise ApiError(400, "logprobs are not supported", "logprobs")
     max_tokens = _get(body, "max_completion_tokens", int, None)
     max_tokens = _get(body, "max_tokens", int, max_tokens if kind == "chat" else COMPLETION_MAX_TOKENS)
-    if max_tokens is not None and max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+    if max_tokens is not None and max_tokens < 1 and max_tokens != NO_LIMIT:
+        raise ApiError(400, f"max_tokens must be at least 1 (or -1: no limit), got {max_tokens}", "max_tokens")
     stream_options = _get(body, "stream_options", dict, {}) or {}
     return Request(
         kind,
         messages,
         prompt,
-        max_tokens,
+        None if max_tokens == NO_LIMIT else max_tokens,
         _params(body),
         _stop(body.get("stop")),
         _get(body, "stream", bool, False),
@@ -122,8 +123,7 @@ def parse_infill(body: object) -> Request:
     """An /infill body, checked as llama.cpp's server checks it; `samplers`, `cache_prompt` and
     `t_max_prompt_ms` are ignored. `n_predict` -1 or left out: until the end token or the context's
     end (as one larger than the context); 0: read the prompt only (editors warm the cache with it)."""
-    if not isinstance(body, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {_type(body)}")
+    _object(body)
     prefix, suffix = (_get(body, name, str, None) for name in ("input_prefix", "input_suffix"))
     for name, value in (("input_prefix", prefix), ("input_suffix", suffix)):
         if value is None:
@@ -141,18 +141,39 @@ def parse_infill(body: object) -> Request:
         if not isinstance(filename, str):
             raise ApiError(400, f"input_extra[{i}].filename must be a string, got {_type(filename)}", f"input_extra[{i}].filename")
         extra.append((filename, chunk["text"]))
+    infill = Infill(prefix, suffix, _get(body, "prompt", str, ""), extra)
+    return Request("infill", None, None, infill=infill, **_llama_cpp_fields(body))
+
+
+def parse_native(body: object) -> Request:
+    """A /completion body: llama.cpp's own completion route, which Continue's "llama.cpp" provider
+    sends for chat and autocomplete alike. `prompt` is text (read as /v1/completions reads it, special
+    tokens included) or token ids; the other fields are /infill's."""
+    _object(body)
+    prompt = _prompt(_required(body, "prompt"), infill=False)
+    return Request("native", None, prompt, **_llama_cpp_fields(body))
+
+
+def _llama_cpp_fields(body: dict) -> dict:
+    """What llama.cpp's /infill and /completion share: `n_predict` (or `max_tokens`), sampling, `stop`,
+    `stream`, `model` (read by no check), the two limits editors set, `response_fields`."""
     max_tokens = _get(body, "n_predict", int, _get(body, "max_tokens", int, None))
-    if max_tokens is not None and max_tokens < -1:
+    if max_tokens is not None and max_tokens < NO_LIMIT:
         raise ApiError(400, f"'n_predict' must be -1 (no limit), 0 (read the prompt only) or more, got {max_tokens}", "n_predict")
     fields = body.get("response_fields")
     if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
         raise ApiError(400, "'response_fields' must be an array of strings", "response_fields")
-    return Request(
-        "infill", None, None, None if max_tokens == -1 else max_tokens, _params(body), _stop(body.get("stop")),
-        _get(body, "stream", bool, False), model=_get(body, "model", str, None),
-        infill=Infill(prefix, suffix, _get(body, "prompt", str, ""), extra), n_indent=max(0, _get(body, "n_indent", int, 0)),
-        t_max_predict_ms=max(0.0, float(_get(body, "t_max_predict_ms", float, 0))), response_fields=fields or None,
+    return dict(
+        max_tokens=None if max_tokens == NO_LIMIT else max_tokens, params=_params(body), stop=_stop(body.get("stop")),
+        stream=_get(body, "stream", bool, False), model=_get(body, "model", str, None),
+        n_indent=max(0, _get(body, "n_indent", int, 0)), t_max_predict_ms=max(0.0, float(_get(body, "t_max_predict_ms", float, 0))),
+        response_fields=fields or None,
     )  # fmt: skip
+
+
+def _object(body: object) -> None:
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {_type(body)}")
 
 
 def check_length(request: Request, prompt_tokens: int, n_ctx: int) -> int:
@@ -162,7 +183,7 @@ def check_length(request: Request, prompt_tokens: int, n_ctx: int) -> int:
                        {"chat": "messages", "infill": "input_prefix"}.get(request.kind, "prompt"), "context_length_exceeded")  # fmt: skip
     if request.max_tokens is None:
         return n_ctx - prompt_tokens
-    if request.max_tokens > n_ctx and request.kind != "infill":  # llama.cpp's /infill runs to the context's end
+    if request.max_tokens > n_ctx and request.kind not in LLAMA_CPP_KINDS:  # llama.cpp's own routes run to the context's end
         raise ApiError(400, f"max_tokens is {request.max_tokens}, more than the context holds ({n_ctx} tokens)",
                        "max_tokens", "context_length_exceeded")  # fmt: skip
     # One that fits the context but not beside this prompt runs until the context is full ("length"), as
@@ -264,7 +285,8 @@ def _tools(body: dict) -> tuple[list[dict] | None, str | dict]:
         if not isinstance(function.get("parameters", {}), dict):
             raise ApiError(400, f"tools[{i}]: 'parameters' must be a JSON Schema object", f"tools[{i}].function.parameters")
         names.append(name)
-    choice = body.get("tool_choice", "auto")
+    choice = body.get("tool_choice")
+    choice = "auto" if choice is None else choice  # null is left out, as for every other field
     if isinstance(choice, dict):
         function = choice.get("function") if choice.get("type") == "function" else None
         name = function.get("name") if isinstance(function, dict) else None
@@ -321,6 +343,7 @@ def _params(body: dict) -> SamplingParams:
     temperature = _get(body, "temperature", float, DEFAULTS.temperature)
     top_p = _get(body, "top_p", float, DEFAULTS.top_p)
     top_k = _get(body, "top_k", int, DEFAULTS.top_k)
+    top_k = 0 if top_k == -1 else top_k  # vLLM's "off", which clients written for it send; llama.cpp's takes it too
     min_p = _get(body, "min_p", float, DEFAULTS.min_p)
     seed = _get(body, "seed", int, None)
     seed = None if seed == -1 else seed  # llama.cpp's servers' "random"

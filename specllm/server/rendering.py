@@ -9,6 +9,7 @@ import time
 import uuid
 
 from specllm.engine.stats import Stats
+from specllm.server.parsing import LLAMA_CPP_KINDS
 
 
 def finish_reason(engine_reason: str) -> str:
@@ -55,7 +56,7 @@ class Renderer:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def whole(self, text: str | None, reason: str, usage: dict, tool_calls: list[dict] | None = None, reasoning: str | None = None) -> dict:
-        if self.kind == "infill":
+        if self.kind in LLAMA_CPP_KINDS:
             return infill_body(text, reason, usage, self.model, self.fields)
         if self.kind == "chat":
             message = {"role": "assistant", "content": text, **({"tool_calls": tool_calls} if tool_calls else {})}
@@ -68,7 +69,7 @@ class Renderer:
 
     def chunk(self, text: str | None, reason: str | None = None, usage: dict | None = None, first: bool = False,
               tool_calls: list[dict] | None = None, reasoning: str | None = None) -> dict:  # fmt: skip
-        if self.kind == "infill":  # llama.cpp's stream: the text, then the whole answer's fields with none
+        if self.kind in LLAMA_CPP_KINDS:  # llama.cpp's stream: the text, then the whole answer's fields with none
             return {"content": text or "", "stop": False} if reason is None else infill_body("", reason, usage, self.model, self.fields)
         if self.kind == "chat":
             delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
