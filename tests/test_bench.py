@@ -78,6 +78,7 @@ def _run(prompt, strategy, tokens, seconds, drafted=0, accepted=0, passes=None, 
     stats.model_seconds = model_seconds
     if drafted:
         stats.by_source["ngram"] = SourceStats(steps=passes, drafted=drafted, accepted=accepted)
+        stats.draft_steps = passes
     return Run(prompt, strategy, 0, prompt_tokens or [1, 2, 3], tokens, stats)
 
 

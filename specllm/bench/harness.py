@@ -117,12 +117,13 @@ def _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy) -> di
     row = {
         "strategy": strategy,
         "category": category,
-        "prompts": len({(r.prompt.id, r.repeat) for r in group}),
+        "prompts": len({r.prompt.id for r in group}),
+        "runs": len(group),  # prompts times repeats (fewer where a stop cut a repeat short)
         "tokens": total.tokens,
         "seconds": round(total.seconds, 3),
         "tok_per_s": round(tok_s, 2),
         "prompt_tokens": total.prompt_tokens,
-        "prefill_tok_per_s": round(total.prompt_tokens / total.prefill_seconds, 1) if total.prefill_seconds else None,
+        "prefill_tok_per_s": round(_prompt_tokens_read(group) / total.prefill_seconds, 1) if total.prefill_seconds else None,
         "speedup": round(speedup, 3) if speedup is not None else None,
         "speedup_range": _speedup_range(group, off) if strategy != "off" and off else None,
         "speedup_interval": _speedup_interval(group, off) if strategy != "off" and off else None,
@@ -135,7 +136,7 @@ def _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy) -> di
             k: {"steps": v.steps, "drafted": v.drafted, "accepted": v.accepted, "mean_draft_length": round(v.drafted / v.steps, 2)}
             for k, v in total.by_source.items()
         },
-        "undrafted_passes": total.target_passes - sum(v.steps for v in total.by_source.values()),
+        "undrafted_passes": total.undrafted_passes,
         "identical_to_off": identical == len(compared) if identical is not None else None,
         "identical_prompts": f"{identical}/{len(compared)}" if identical is not None else None,
         "oracle_speedup": round(oracle, 3) if oracle else None,
@@ -143,6 +144,12 @@ def _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy) -> di
     }
     row["expected_speedup"] = _expected(total, costs)
     return row
+
+
+def _prompt_tokens_read(group: list[Run]) -> int:
+    """Tokens the prefills read: each prompt but what the KV cache held already (a `--warm` run's) and
+    its last token, which the first generation pass reads."""
+    return sum(max(r.stats.prompt_tokens - r.stats.reused_tokens - 1, 0) for r in group)
 
 
 def _time_split(total: Stats) -> dict[str, float]:
@@ -176,7 +183,7 @@ def _speedup_range(group: list[Run], off: list[Run]) -> list[float] | None:
     return [round(min(ratios), 3), round(max(ratios), 3)] if len(ratios) >= 2 else None
 
 
-# Two-sided 95% quantiles of Student's t by degrees of freedom (1-30); 1.96 beyond.
+# Two-sided 95% quantiles of Student's t by degrees of freedom (1-30); `_t_975` beyond.
 T_975 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13,
          2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05, 2.04)  # fmt: skip
 
@@ -200,9 +207,18 @@ def _speedup_interval(group: list[Run], off: list[Run]) -> list[float] | None:
     if len(logs) < 2:
         return None
     mean, sd = float(np.mean(logs)), float(np.std(logs, ddof=1))
-    t = T_975[len(logs) - 2] if len(logs) - 1 <= len(T_975) else 1.96
+    t = _t_975(len(logs) - 1)
     half = t * sd / math.sqrt(len(logs))
     return [round(math.exp(mean - half), 3), round(math.exp(mean + half), 3)]
+
+
+def _t_975(df: int) -> float:
+    """Student's t 97.5% quantile: the table to 30 degrees of freedom, then the Cornish-Fisher series
+    (within 1e-4 there). Not the normal's 1.96: with 32 repeats it is 2.04, and 1.96 an interval 4% too narrow."""
+    if df <= len(T_975):
+        return T_975[df - 1]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2) + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
 
 
 def undrafted_pass_ratio(runs: list[Run]) -> dict | None:
@@ -266,10 +282,9 @@ def _by_repeat(runs: list[Run]) -> dict[int, list[Run]]:
 
 def _expected(total: Stats, costs: CostModel | None) -> float | None:
     """The textbook speedup from the measured acceptance, draft length and costs."""
-    steps = sum(s.steps for s in total.by_source.values())
-    if not costs or not steps or not total.drafted:
+    if not costs or not total.draft_steps or not total.drafted:
         return None
-    gamma = total.drafted / steps
+    gamma = total.drafted / total.draft_steps  # per pass that verified a draft (a mixed draft is one, not one per source)
     per_token_draft = total.draft_seconds / total.drafted
     c = per_token_draft / costs.verify(1)
     v = costs.relative(round(gamma) + 1)
@@ -290,8 +305,8 @@ def expected_speedup(alpha: float, gamma: float, c: float, v: float) -> float:
 
 
 def oracle_speedup(off: list[Run], costs: CostModel, ngram_sizes=(2, 4)) -> float | None:
-    """The best any n-gram policy could do: replay off's text, draft only the proposal's correct
-    prefix, trimmed to the length that pays best under the measured cost curve."""
+    """The best any n-gram policy could do: replay off's text, drafting only prefixes of the
+    proposal's correct part, in the cheapest schedule under the cost curve (`ngram_oracle_cost`)."""
     plain = spent = 0.0
     max_draft = max(costs.batch_seconds) - 1
     for run in off:

@@ -2,7 +2,7 @@
 
 At temperature 0 a draft is accepted exactly as far as it agrees with plain decoding's text, so
 with the text known, the cost of every possible step is known too. `ngram_oracle_cost` is the
-best greedy use of the n-gram cache; `two_source_oracle_cost` the cheapest schedule of plain,
+cheapest use of the n-gram cache; `two_source_oracle_cost` the cheapest schedule of plain,
 n-gram and draft-model steps (dynamic programming over positions), with the draft model paying
 for reading the prompt before its first use and every token committed without it afterwards.
 Both know where every draft ends. `told_ngram_cost` does not: it is an n-gram policy told, in
@@ -49,16 +49,19 @@ def ngram_proposals(prompt: list[int], generated: list[int], ngram_sizes, max_dr
 
 
 def ngram_oracle_cost(prompt: list[int], generated: list[int], costs: CostModel, ngram_sizes, max_draft: int) -> float:
-    """Each step drafts exactly the right part of the n-gram proposal, sized for the most tokens a second."""
+    """The cheapest schedule of steps that each draft a prefix of the right part of the n-gram
+    proposal (dynamic programming over positions). Not each step's best rate alone: on a curve
+    where 3 tokens cost 2.0 passes and 2 cost 1.2, two right tokens and the copy's end are best
+    drafted whole (3 tokens, 2.0), not one (2 tokens, 1.2, then a plain pass: 2.2)."""
     agreement = ngram_agreement(prompt, generated, ngram_sizes, max_draft)
-    i, spent = 0, 0.0
-    while i < len(generated):
+    n = len(generated)
+    best = [INF] * (n + 1)  # seconds to have committed the first i tokens
+    best[0] = 0.0
+    for i in range(n):
         context = len(prompt) - 1 + i  # the target's cache holds all but the last token
-        correct = agreement[i][1]
-        k = max(range(correct + 1), key=lambda n: (n + 1) / costs.verify(n + 1, context))
-        spent += costs.verify(k + 1, context)
-        i += k + 1
-    return spent
+        for k in range(min(agreement[i][1], n - i - 1) + 1):  # draft k right tokens, commit k + 1
+            best[i + k + 1] = min(best[i + k + 1], best[i] + costs.verify(k + 1, context))
+    return best[n]
 
 
 def draft_run_lengths(generated: list[int], draft_argmax: list[int], offset: int) -> list[int]:

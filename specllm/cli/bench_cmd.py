@@ -34,7 +34,7 @@ def bench(
     temp: o.Temp = o.BENCH_TEMP,
     seed: Annotated[int, typer.Option("--seed", help="Random seed (-1: a random one, which --json records).")] = 0,
     repeats: Annotated[int, typer.Option("--repeats", help="Runs of every prompt per strategy.")] = 1,
-    warm: Annotated[bool, o.flag("--warm", help="Keep KV and n-gram state between prompts (inflates results).")] = False,
+    warm: Annotated[bool, o.flag("--warm", help="Keep each strategy's decoder between prompts: its n-gram memory of earlier prompts and answers, what auto learned, and its KV cache only where no other strategy ran in between (inflates results).")] = False,
     json_file: Annotated[Optional[Path], typer.Option("--json", help="Write everything as JSON to this file.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG chart (needs matplotlib).")] = None,
     model: o.Model = None,
@@ -84,7 +84,7 @@ def bench(
     rows = summarize(runs, learned, params.greedy, (ngram_min, ngram_max), calibrated=costs if learned is not costs else None)
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     if rows:  # none where a stop came before any prompt was finished by every strategy
-        out.print(_table(rows))
+        out.print(_widen(out, _table(rows)))
         out.print(_bars(rows))
     report = _report(engine, settings, costs, learned, rows, runs, workload, partial, prompts)
     if report["undrafted_pass_ratio"] is not None:
@@ -162,19 +162,43 @@ def _complete_prompts(runs, strategies):
 
 
 def _table(rows) -> Table:
-    table = Table(title="specllm bench (speedup = tok/s against off, same run)")
-    for name in ("category", "strategy", "prompts", "tokens", "tok/s", "speedup", "95% CI", "per run", "accept", "tok/pass", "time ngram/model/verify", "expected", "oracle", "of oracle", "same as off"):
-        table.add_column(name, justify="left" if name in ("category", "strategy") else "right")
-    for r in rows:
-        table.add_row(
-            r["category"], r["strategy"], str(r["prompts"]), str(r["tokens"]), f"{r['tok_per_s']:.1f}",
+    """One row per category and strategy. No figure is ever cut short: where the table is wider than
+    a terminal its cells wrap (at 160 columns "0.02-86.61" showed as "0.02-86.…"); see `_widen`."""
+    names = ("category", "strategy", "prompts", "tokens", "tok/s", "speedup", "95% CI", "per run", "accept", "tok/pass",
+             "time ngram/model/verify", "expected", "oracle", "of oracle", "same as off")  # fmt: skip
+    cells = [
+        (
+            r["category"], r["strategy"], _prompts(r), str(r["tokens"]), f"{r['tok_per_s']:.1f}",
             _fmt(r["speedup"], "x"), _span(r["speedup_interval"]), _span(r["speedup_range"]),
             f"{r['acceptance_rate']:.0%}" if _drafted(r) else "-",
             f"{r['mean_accepted_length']:.2f}", _time_shares(r["time_split"]), _fmt(r["expected_speedup"], "x"),
             _fmt(r["oracle_speedup"], "x"), _fmt(r["share_of_oracle"], "", pct=True),
             r["identical_prompts"] or "-",
         )  # fmt: skip
+        for r in rows
+    ]
+    table = Table(title="specllm bench (speedup = tok/s against off, same run)")
+    for i, name in enumerate(names):
+        table.add_column(name, justify="left" if i < 2 else "right", overflow="fold")
+    for row in cells:
+        table.add_row(*row)
     return table
+
+
+def _widen(out: Console, table: Table) -> Table:
+    """A file or a pipe takes the table at its full width (rich squeezed it into 160 columns, cutting
+    figures); a terminal keeps its own width, where cells wrap rather than lose digits."""
+    if not out.is_terminal:
+        out.width = max(out.width, out.measure(table, options=out.options.update_width(10_000)).maximum)
+    return table
+
+
+def _prompts(row) -> str:
+    """The row's prompts, and how many times each ran where that is more than once: 3x2, not 6 prompts."""
+    prompts, runs = row["prompts"], row["runs"]
+    if runs == prompts:
+        return str(prompts)
+    return f"{prompts}x{runs // prompts}" if runs % prompts == 0 else f"{prompts} ({runs} runs)"
 
 
 def _drafted(row) -> int:

@@ -27,6 +27,7 @@ class Stats:
     tokens: int = 0  # generated tokens committed
     committed: int = 0  # tokens the passes chose: the generated ones and an end-of-generation token
     target_passes: int = 0
+    draft_steps: int = 0  # target passes that verified a draft: one each, however many sources the draft mixed
     drafted: int = 0
     accepted: int = 0
     seconds: float = 0.0  # generation wall time (prefill apart)
@@ -60,6 +61,7 @@ class Stats:
         self.verify_seconds += step.verify_seconds
         if not step.drafted:
             return
+        self.draft_steps += 1
         self.drafted += step.drafted
         self.accepted += step.accepted
         for name, drafted, accepted in _parts(step):
@@ -99,6 +101,12 @@ class Stats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
+    def undrafted_passes(self) -> int:
+        """Plain passes: no draft to verify. (Not passes less the sources' steps: a draft `auto` mixed
+        from both sources counts one step for each.)"""
+        return self.target_passes - self.draft_steps
+
+    @property
     def mean_accepted_length(self) -> float:
         """Tokens committed per target verify pass (1.0 for plain decoding: the pass that chose the end
         of the generation counts its token, not only its time)."""
@@ -123,7 +131,7 @@ class Stats:
             "seconds": round(self.seconds, 4),
             "tok_per_s": round(self.tok_per_s, 2),
             "target_passes": self.target_passes,
-            "undrafted_passes": self.target_passes - sum(s.steps for s in self.by_source.values()),
+            "undrafted_passes": self.undrafted_passes,
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance_rate": round(self.acceptance_rate, 4),
