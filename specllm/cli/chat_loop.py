@@ -9,6 +9,7 @@ drive the loop with a list of lines.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from typing import Callable
@@ -35,6 +36,7 @@ from specllm.cli.display import (
     ReplyWriter,
     TokenWriter,
     colour_allowed,
+    dumb_terminal,
     status_text,
     stream_reply,
     summary_text,
@@ -86,18 +88,23 @@ class ChatLoop:
             try:
                 line = read_line(CONTINUATION if self.block.open else PROMPT)
             except EOFError:
+                if self.interactive and self.block.open:  # Ctrl-D ends the block, as it ends a shell's here-document: sent
+                    self.handle(MultiLine.QUOTES)
+                    continue
                 if self.block.cancel():
                     self.unsent += 1
                     self.note('The input ended inside a """ block; that message was not sent.')
-                elif self.interactive:
-                    self.err.write("\n")
-                return
+                return  # (at a terminal the reader has ended the prompt's line)
             except KeyboardInterrupt:
                 if not self.interactive:
                     raise
                 self.err.write("\n")
                 self.note("Multi-line message dropped." if self.block.cancel() else LEAVE_HINT)
                 continue
+            except Terminated:
+                if self.interactive:
+                    self.err.write("\n")  # "Terminated." on a line of its own, not after what was typed
+                raise
             if not self.handle(line):
                 return
 
@@ -107,6 +114,10 @@ class ChatLoop:
             text = self.block.feed(line)
             if text is not None and text.strip():
                 self.send(text.strip("\n"))
+            return True
+        if "\n" in line:  # a block pasted at the prompt (bracketed paste): one message, whatever its first word
+            if line.strip():
+                self.send(line.strip("\n"))
             return True
         command = parse_command(line)
         if command is not None:
@@ -342,21 +353,67 @@ def script_reader(stream) -> ReadLine:
     return read
 
 
+HISTORY_LINES = 1000  # lines typed that the up arrow brings back (bash keeps 500); a block pasted at once is one
+
+
 def terminal_reader() -> ReadLine:
-    """input() with readline's line editing and in-session history; the prompt never lands in redirected stdout."""
+    """input() with readline's line editing and in-session history, the latest HISTORY_LINES lines
+    of it (readline keeps every line typed, and a long chat of pasted code grew it without end);
+    the prompt never lands in redirected stdout."""
     try:
-        import readline  # noqa: F401  (importing it is what gives input() editing and history)
+        import readline  # (importing it is what gives input() editing and history)
     except ImportError:  # pragma: no cover - platforms without readline
-        pass
+        readline = None
+    pasting = _paste_as_one(readline)
 
     def read(prompt: str) -> str:
         if _isatty(sys.stdout):
-            return input(prompt)
-        sys.stderr.write(prompt)
-        sys.stderr.flush()
-        return input()
+            line = input(prompt)
+        else:
+            sys.stderr.write(prompt)
+            sys.stderr.flush()
+            line = input()
+        if readline is not None:
+            _trim_history(readline)
+        return line
 
-    return read
+    return _ending_the_line_at_eof(read, by_readline=pasting)
+
+
+def _paste_as_one(readline) -> bool:
+    """Bracketed paste: a block pasted at the prompt arrives as one line holding its newlines (one
+    message, as in ollama) instead of a message per line. GNU readline 8.1 on has it on by default,
+    but Python turns it off for its own prompt; libedit has no such setting, and a dumb terminal
+    would print its escapes. True where it is on."""
+    gnu = readline is not None and "libedit" not in (readline.__doc__ or "") and getattr(readline, "_READLINE_VERSION", 0) >= 0x0801
+    if not gnu or not os.environ.get("TERM") or dumb_terminal():
+        return False
+    readline.parse_and_bind("set enable-bracketed-paste on")
+    return True
+
+
+def _ending_the_line_at_eof(read: ReadLine, by_readline: bool) -> ReadLine:
+    """Ctrl-D leaves the cursor after the prompt: end that line, unless readline does (with
+    bracketed paste on it writes a newline at the end of input itself)."""
+
+    def read_to_the_end(prompt: str) -> str:
+        try:
+            return read(prompt)
+        except EOFError:
+            if not (by_readline and _isatty(sys.stdout)):  # without a terminal stdout input() does not use readline
+                sys.stderr.write("\n")
+            raise
+
+    return read_to_the_end
+
+
+def _trim_history(readline) -> None:
+    """Forget the oldest lines typed beyond HISTORY_LINES (set_history_length bounds only a history file)."""
+    try:
+        while readline.get_current_history_length() > HISTORY_LINES:
+            readline.remove_history_item(0)
+    except (AttributeError, ValueError):  # pragma: no cover - a readline without them (libedit's quirks)
+        pass
 
 
 def _isatty(stream) -> bool:

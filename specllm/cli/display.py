@@ -22,8 +22,13 @@ RESET = "\x1b[0m"
 
 
 def colour_allowed(stream) -> bool:
-    """A terminal, and NO_COLOR unset or empty (no-color.org, and rich, read an empty one as unset)."""
-    return stream.isatty() and not os.environ.get("NO_COLOR")
+    """A terminal that is not dumb, and NO_COLOR unset or empty (no-color.org, and rich, read an empty one as unset)."""
+    return stream.isatty() and not os.environ.get("NO_COLOR") and not dumb_terminal()
+
+
+def dumb_terminal() -> bool:
+    """TERM=dumb (Emacs' shell, some CI logs): no colours and no cursor movement, as rich decides."""
+    return os.environ.get("TERM", "").lower() in ("dumb", "unknown")
 
 
 def use_colour(choice: str, stream) -> bool:
@@ -166,8 +171,8 @@ class LiveStatus:
     """A status line on stderr, redrawn at most `hz` times a second; a no-op when disabled."""
 
     def __init__(self, enabled: bool, hz: float = 8.0):
-        self.enabled = enabled
-        self.shared_terminal = enabled and sys.stdout.isatty()
+        self.enabled = enabled and not dumb_terminal()  # a dumb terminal would print the escapes
+        self.shared_terminal = self.enabled and sys.stdout.isatty()
         self.interval = 1.0 / hz
         self._last = 0.0
         self._rows = 0
@@ -182,6 +187,15 @@ class LiveStatus:
             sys.stderr.flush()
         return self
 
+    def _follow_resize(self) -> None:
+        """A resized terminal (SIGWINCH) resets or strands the scroll region, and the old last row is
+        no longer the last: set the region again for the new height, room made at the bottom (IND,
+        which keeps the column, then up) so that the status row never lands on the text."""
+        rows = shutil.get_terminal_size().lines
+        if rows != self._rows:
+            self._rows = rows
+            sys.stderr.write(f"\x1b7\x1b[r\x1b8\x1bD\x1b[1A\x1b7\x1b[1;{rows - 1}r\x1b8")
+
     def update(self, stats: Stats, force: bool = False) -> None:
         now = time.monotonic()
         if not self.enabled or (not force and now - self._last < self.interval):
@@ -192,6 +206,7 @@ class LiveStatus:
         reset = RESET if self.dim else ""
         if self.shared_terminal:
             sys.stdout.flush()
+            self._follow_resize()
             sys.stderr.write(f"\x1b7\x1b[{self._rows};1H\x1b[2K{self.dim}{line}{reset}\x1b8")
         else:
             sys.stderr.write(f"\r\x1b[2K{self.dim}{line}{reset}")
@@ -202,6 +217,7 @@ class LiveStatus:
             return
         if self.shared_terminal:
             sys.stdout.flush()
+            self._follow_resize()  # else the clearing of a row that is no longer the last erases a line of text
             sys.stderr.write(f"\x1b7\x1b[r\x1b[{self._rows};1H\x1b[2K\x1b8")
         else:
             sys.stderr.write("\r\x1b[2K")
