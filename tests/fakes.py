@@ -216,3 +216,16 @@ class Scripted:
             yield TokenCommitted(i, piece, "target")
             yield StepDone(None, 0, 0, 1, 0.0, 0.001, 0.001)
         yield Done("stop", list(range(len(self.script))), "".join(self.script))
+
+
+def reader(items):
+    """A read_line that plays back lines; an exception instance is raised instead (Ctrl-C, Ctrl-D)."""
+    queue = list(items)
+
+    def read(prompt):
+        item = queue.pop(0) if queue else EOFError()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    return read

@@ -20,7 +20,7 @@ from specllm.cli import common as c
 from specllm.cli.chat_loop import LEAVE_HINT, ChatLoop
 from specllm.engine.sampling import SamplingParams
 from specllm.errors import UsageError
-from tests.fakes import FakeEngine, reference_reply
+from tests.fakes import FakeEngine, reader, reference_reply
 
 GREEDY_FLAGS = ["--temp", "0", "-n", "6"]
 
@@ -244,19 +244,6 @@ def terminal_loop(engine, **kwargs):
     settings = ChatSettings(SamplingParams(temperature=0.0), kwargs.pop("max_tokens", 40))
     loop = ChatLoop(engine, Conversation(), settings, "ngram", out=out, interactive=True, **kwargs)
     return loop, out
-
-
-def reader(items):
-    """A read_line that plays back lines; an exception instance is raised instead (Ctrl-C, Ctrl-D)."""
-    queue = list(items)
-
-    def read(prompt):
-        item = queue.pop(0) if queue else EOFError()
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    return read
 
 
 def test_ctrl_c_mid_reply_keeps_the_partial_reply_and_the_next_turn_is_exact(capsys):

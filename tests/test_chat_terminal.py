@@ -23,7 +23,7 @@ from specllm.cli.display import LiveStatus, colour_allowed
 from specllm.cli.interrupt import Terminated
 from specllm.engine.sampling import SamplingParams
 from specllm.engine.stats import Stats
-from tests.fakes import FakeEngine, reference_reply
+from tests.fakes import FakeEngine, reader, reference_reply
 
 pty = pytest.importorskip("pty")
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,18 +166,6 @@ def terminal_loop(**kwargs):
     out = io.StringIO()
     settings = ChatSettings(SamplingParams(temperature=0.0), 5)
     return ChatLoop(FakeEngine(), Conversation(), settings, "ngram", out=out, interactive=True, **kwargs), out
-
-
-def reader(items):
-    queue = list(items)
-
-    def read(prompt):
-        item = queue.pop(0) if queue else EOFError()
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    return read
 
 
 def test_a_pasted_block_whose_first_word_looks_like_a_command_is_a_message(capsys):
