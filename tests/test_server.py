@@ -49,9 +49,9 @@ def tiny_engine(tiny_pair, strategy: str = "ngram+draft") -> Engine:
 
 
 @contextmanager
-def running(service: Service):
+def running(service: Service, api_key: str | None = None):
     """The server in a thread on a free port; yields its base URL and stops it (bounded) at the end."""
-    server = Server(service, listen("127.0.0.1", 0))
+    server = Server(service, listen("127.0.0.1", 0), api_key=api_key)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     deadline = time.monotonic() + WAIT

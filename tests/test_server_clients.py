@@ -177,3 +177,30 @@ def test_continues_llama_cpp_provider_gets_llama_cpps_completion_answer(server):
     for body, param in (({"n_predict": 2}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": "x", "n_predict": -2}, "n_predict")):
         status, answer = raw(server, "POST", "/completion", body)
         assert status == 400 and answer["error"]["param"] == param, (body, answer)
+
+
+def test_an_api_key_is_asked_of_every_route_but_health(tiny_pair):
+    """`serve --api-key KEY` (for a server other machines reach): OpenAI clients send it as a bearer
+    token, llama.cpp's clients may send X-Api-Key; without it 401 in OpenAI's shape, which the openai
+    client raises as its own AuthenticationError. A browser's preflight needs no key."""
+    engine = Engine(ModelPaths(tiny_pair[0]), SpecConfig("off"), SMALL, SMALL)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    try:
+        with running(Service(engine, "tiny"), api_key="s3cret") as url:
+            missing = request(url, "POST", "/v1/chat/completions", body)
+            wrong = request(url, "POST", "/v1/chat/completions", body, {"Authorization": "Bearer nope"})
+            bearer = request(url, "POST", "/v1/chat/completions", body, {"Authorization": "Bearer s3cret"})
+            x_api_key = request(url, "POST", "/completion", {"prompt": "a", "n_predict": 1}, {"X-Api-Key": "s3cret"})
+            health = request(url, "GET", "/health")
+            models = request(url, "GET", "/v1/models")
+            preflight = request(url, "OPTIONS", "/v1/chat/completions", None, {"Origin": "http://ui.example", "Access-Control-Request-Method": "POST"})
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=f"{url}/v1", api_key="nope").models.list()
+            listed = openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret").models.list()
+    finally:
+        engine.close()
+    assert [missing[0], wrong[0], models[0]] == [401, 401, 401]
+    assert json.loads(missing[2])["error"]["code"] == "invalid_api_key"
+    assert [bearer[0], x_api_key[0], health[0], preflight[0]] == [200, 200, 200, 200]
+    assert [m.id for m in listed.data] == ["tiny"]
+

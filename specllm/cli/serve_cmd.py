@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -39,6 +39,7 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port).")] = 8080,
     queue_size: Annotated[int, typer.Option("--queue-size", help="Requests that may wait while one is served; more get HTTP 503.")] = 8,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECLLM_API_KEY", show_envvar=True, help="Answer only requests that carry this key (Authorization: Bearer KEY, as OpenAI clients send it); /health stays open. For a server other machines can reach (--host 0.0.0.0).")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help=f"uvicorn's log level: {', '.join(LOG_LEVELS)} (info: one line per request).")] = "warning",
 ) -> None:
     """Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health)
@@ -59,7 +60,7 @@ def serve(
     sock = listen(host, port)  # a port in use is said before minutes of loading and measuring
     model_id = _model_id(model)
     # meanwhile /health answers 503 "loading model" (editors poll it) and other requests wait
-    with loading(sock, model_id, log_level.lower()) as server:
+    with loading(sock, model_id, log_level.lower(), api_key or None) as server:  # an empty key (SPECLLM_API_KEY=) is none
         # a server's log says why it is not answering yet, a terminal or not
         engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, flash_attn, announce=True, think=not no_think)
         variables = thinking_variables(engine.target, think=not no_think)

@@ -8,6 +8,7 @@ server-sent events, and cancels the job as soon as the client disconnects.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 from concurrent.futures import Future
@@ -104,7 +105,8 @@ class Loading:
         return self.future.result()  # the 503 of `fail`, raised
 
 
-def create_app(service: Service | Loading) -> Starlette:
+def create_app(service: Service | Loading, api_key: str | None = None) -> Starlette:
+    """The routes; with `api_key`, every route but /health answers only requests that carry it."""
     loading = service if isinstance(service, Loading) else Loading.done(service)
 
     async def chat(request: HttpRequest):
@@ -158,7 +160,32 @@ def create_app(service: Service | Loading) -> Starlette:
     # Any origin may call, as llama.cpp's server and OpenAI's API allow: browser clients (Open WebUI's
     # direct connections, web pages built on the openai JS client) send a preflight first
     cors = Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"], max_age=600)
-    return Starlette(routes=routes, exception_handlers=handlers, middleware=[cors])
+    keyed = [Middleware(RequireKey, key=api_key)] if api_key else []  # inside CORS: a preflight carries no key
+    return Starlette(routes=routes, exception_handlers=handlers, middleware=[cors, *keyed])
+
+
+class RequireKey:
+    """`--api-key`, as llama.cpp's server reads it: `Authorization: Bearer KEY` (what OpenAI clients
+    send) or `X-Api-Key: KEY`; without it, 401 in OpenAI's error shape. /health stays open (what
+    orchestrators and editors poll)."""
+
+    OPEN = ("/health",)
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in self.OPEN or self._carries_key(dict(scope["headers"])):
+            await self.app(scope, receive, send)
+            return
+        body = {"message": "this server needs an API key: send Authorization: Bearer KEY (the key given to --api-key)",
+                "type": "authentication_error", "param": None, "code": "invalid_api_key"}  # fmt: skip
+        await _send_json(send, 401, {"error": body})
+
+    def _carries_key(self, headers: dict[bytes, bytes]) -> bool:
+        bearer = headers.get(b"authorization", b"")
+        given = bearer[7:].strip() if bearer[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"")
+        return hmac.compare_digest(given, self.key)
 
 
 async def _generate(service: Service, kind: str, http: HttpRequest):

@@ -42,8 +42,8 @@ class Server(uvicorn.Server):
     """uvicorn's server with specllm's signal handling and a callback once it accepts connections."""
 
     def __init__(self, service: Service | Loading, sock: socket.socket, on_ready: Callable[[str, int], None] | None = None,
-                 log_level: str = "warning"):  # fmt: skip
-        config = uvicorn.Config(create_app(service), log_level=log_level, access_log=False, lifespan="off")
+                 log_level: str = "warning", api_key: str | None = None):  # fmt: skip
+        config = uvicorn.Config(create_app(service, api_key), log_level=log_level, access_log=False, lifespan="off")
         super().__init__(config)
         self.loading = service if isinstance(service, Loading) else None
         self.service = None if isinstance(service, Loading) else service  # a Loading's once `serve_loaded` has it
@@ -121,12 +121,12 @@ class Server(uvicorn.Server):
 
 
 @contextmanager
-def loading(sock: socket.socket, model_id: str, log_level: str = "warning") -> Iterator[Server]:
+def loading(sock: socket.socket, model_id: str, log_level: str = "warning", api_key: str | None = None) -> Iterator[Server]:
     """Answer on `sock` (from `listen`, taken before the models load: a port in use is said at once)
     while the block loads the models: /health with 503 "loading model", other
     requests once the block calls `serve_loaded(service)`, which serves until a signal. Leaving the
     block without it (an error, Ctrl-C while loading) stops the server: waiting requests get 503."""
-    server = Server(Loading(model_id), sock, log_level=log_level)
+    server = Server(Loading(model_id), sock, log_level=log_level, api_key=api_key)
     server.thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="specllm-http", daemon=True)
     server.thread.start()
     try:
