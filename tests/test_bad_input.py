@@ -411,7 +411,7 @@ def test_the_command_list_shows_each_commands_first_paragraph_as_one_text(home):
     """A docstring's first paragraph wraps in the source; `specllm --help` kept those line breaks."""
     done = specllm_here({**home, "COLUMNS": "400"}, "--help")
     rows = {line.split()[1]: line for line in done.stdout.splitlines() if line.startswith("│ ") and len(line.split()) > 2}
-    assert "They download again when used." in rows["rm"] and "llama.cpp's /infill for editors." in rows["serve"], done.stdout
+    assert "They download again when used." in rows["rm"] and "llama.cpp's /infill and /completion for editors." in rows["serve"], done.stdout
 
 
 def test_flags_at_their_bounds_work(home, tiny_pair):

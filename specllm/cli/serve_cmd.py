@@ -43,7 +43,7 @@ def serve(
     log_level: Annotated[str, typer.Option("--log-level", help=f"uvicorn's log level: {', '.join(LOG_LEVELS)} (info: one line per request).")] = "warning",
 ) -> None:
     """Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health)
-    and llama.cpp's /infill for editors."""
+    and llama.cpp's /infill and /completion for editors."""
     o.check_common(1, ctx_size, threads, exact, gpu_layers, gpu_layers_draft, flash_attn)
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {port}")
