@@ -120,3 +120,22 @@ def test_a_remembered_answers_span_counts_only_this_generations_agreement():
     drafter.commit(prompt + answer[:10])  # the new answer follows the remembered one for ten tokens
     later = drafter.proposal(8)
     assert later.source == -1 and later.tokens == answer[10:18] and later.span == 10
+
+
+def test_a_proposal_tells_when_a_sentence_has_just_begun_before_it():
+    """Token 9 ends a sentence. A proposal right after it, or one token later (a summary keeps "The"
+    and then tells its own), is marked: the policy judges its first token by how often copies ran
+    on past a sentence's end. Two tokens later, or with no sentence end, it is not; the draft
+    model's text is judged by its own end, as the history is."""
+    source = [1, 2, 3, 9, 4, 5, 6, 7, 8, 10, 11]
+    drafter = NgramDrafter(2, 4, sentence_end=lambda token: token == 9)
+    marks = {}
+    for cut in range(4, 8):  # the history ends with 9 (cut 4), then 4, 5, 6 after it
+        drafter.commit(source + source[:cut])
+        marks[cut] = drafter.proposal(3).sentence_start
+    assert marks == {4: True, 5: True, 6: False, 7: False}
+    assert drafter.proposal_after(source + [1, 2, 3, 9], 3).sentence_start
+    assert not drafter.proposal_after(source + [2, 3, 9, 4, 5], 3).sentence_start
+    plain = NgramDrafter(2, 4)
+    plain.commit(source + source[:4])
+    assert not plain.proposal(3).sentence_start

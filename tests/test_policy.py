@@ -560,3 +560,21 @@ def test_past_the_end_of_a_sentence_a_copy_runs_on_by_what_the_generation_shows(
     assert after(copies_cross=False) == 8
     assert after(copies_cross=True) == 31
     assert after(copies_cross=False, sentence_end=lambda token: False) < 8
+
+
+def test_a_copy_that_starts_as_a_sentence_begins_is_judged_by_how_copies_ran_on_past_sentence_ends():
+    """A copy agreeing for 32 tokens whose next sentence has just begun (an extractive summary at
+    the point where it may leave its source): where copies stopped at sentence ends, it is drafted
+    short or not at all, not as the long copy its span suggests; where they ran on (code with
+    comments), as long as the same copy inside a sentence."""
+    def drafted(copies_cross: bool, sentence_start: bool) -> int:
+        policy = CostAwarePolicy(DIPPED.copy(), draft_max=31, sentence_end=lambda token: token == 7)
+        for _ in range(4):
+            policy.observe("ngram", 12, 12 if copies_cross else 8, DIPPED.verify(13), policy.ngram_keys(_proposal(20), 12))
+        for _ in range(4):  # long copies inside sentences were accepted whole
+            policy.observe("ngram", 6, 6, DIPPED.verify(7), policy.ngram_keys(_proposal(32, available=6), 6))
+        proposal = NgramProposal(list(range(10, 41)), 4, 32, sentence_start=sentence_start)  # no sentence end inside
+        return len(policy.ngram_draft(proposal))
+
+    assert drafted(copies_cross=True, sentence_start=False) == drafted(copies_cross=True, sentence_start=True) == 31
+    assert drafted(copies_cross=False, sentence_start=True) <= 3 < 15 <= drafted(copies_cross=False, sentence_start=False)

@@ -177,4 +177,4 @@ def auto_drafter(
     the draft model when there is one, and the policy deciding by `costs` (its own copy to refine),
     with drafts of at most `draft_max` tokens; `sentence_end` tells the target's tokens that end a sentence."""
     policy = CostAwarePolicy(costs, draft_max=draft_max, has_draft_model=model is not None, sentence_end=sentence_end)
-    return AutoDrafter(NgramDrafter(*ngram_sizes, ends_generation), model, policy)
+    return AutoDrafter(NgramDrafter(*ngram_sizes, ends_generation, sentence_end), model, policy)

@@ -14,6 +14,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from specllm.engine import priors
 from specllm.engine.ngram import NgramCache, NgramProposal
 from specllm.engine.protocol import Backend
 from specllm.engine.sampling import SamplingParams, argmax, sample, warp
@@ -59,11 +60,18 @@ class NgramDrafter:
 
     source = "ngram"
 
-    def __init__(self, n_min: int, n_max: int, ends_generation: Callable[[int], bool] = lambda token: False):
+    def __init__(
+        self,
+        n_min: int,
+        n_max: int,
+        ends_generation: Callable[[int], bool] = lambda token: False,
+        sentence_end: Callable[[int], bool] = lambda token: False,
+    ):
         self.cache = NgramCache(n_min, n_max)
         self.memory = NgramCache(n_min, n_max)
         self.output_start = 0  # where the generation being drafted for begins in the history
         self.ends_generation = ends_generation  # the target's end-of-generation tokens (a chat's turn ends)
+        self.sentence_end = sentence_end  # the target's tokens that end a sentence
 
     def propose(self, history, max_tokens, params, rng) -> Draft | None:
         self.commit(history)
@@ -77,7 +85,7 @@ class NgramDrafter:
         proposal = self.cache.propose(max_tokens)
         if (proposal is None or not proposal.tokens) and len(self.memory):
             proposal = self._propose_from_memory(max_tokens)
-        return self._up_to_end(proposal)
+        return self._marked(self._up_to_end(proposal), self.cache.tokens)
 
     def _propose_from_memory(self, max_tokens: int) -> NgramProposal | None:
         """The memory's match, its agreeing span counted within this generation's own tokens (at least
@@ -91,7 +99,14 @@ class NgramDrafter:
 
     def proposal_after(self, text: list[int], max_tokens: int) -> NgramProposal | None:
         """The history's continuation of `text`'s end (the history and tokens drafted after it), or None."""
-        return self._up_to_end(self.cache.propose_after(text, max_tokens, source_offset=0))
+        return self._marked(self._up_to_end(self.cache.propose_after(text, max_tokens, source_offset=0)), text)
+
+    def _marked(self, proposal: NgramProposal | None, text: list[int]) -> NgramProposal | None:
+        """The proposal, marked where a sentence has just begun before it (`text`, which it continues,
+        ends a sentence within its last SENTENCE_START tokens): where a summary leaves its source."""
+        if proposal is None or not any(self.sentence_end(token) for token in text[-priors.SENTENCE_START :]):
+            return proposal
+        return replace(proposal, sentence_start=True)
 
     def _up_to_end(self, proposal: NgramProposal | None) -> NgramProposal | None:
         """The proposal up to its first end-of-generation token: copied text often runs on past the end

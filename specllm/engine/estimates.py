@@ -2,8 +2,9 @@
 
 `Beta` counts one kind of drafted token's outcomes. `NgramEstimates` keeps those of n-gram
 drafts: the first token's by the kind of match, how far the context agrees with it and whether the
-previous draft was fully accepted; each further token's by the depth into the copy, or apart
-after the end of a sentence (where extractive summaries leave their source and code edits do not).
+previous draft was fully accepted; each further token's by the depth into the copy; apart, any
+token just after the end of a sentence, the first of a draft too when a sentence has just begun
+(where extractive summaries leave their source and code edits do not).
 Their priors and the data behind them are in `priors.py`.
 """
 
@@ -61,28 +62,34 @@ class NgramEstimates:
         self.first: dict[tuple[str, int, bool], Beta] = {}  # by (kind, span bucket, last_full)
         self.first_pool = Beta.prior(priors.FIRST_PRIOR)  # every drafted first token: the prior of kinds not seen yet
         self.continuation: dict[tuple[str, int], Beta] = {}  # by (unique, repeated or own, depth bucket)
-        self.after_sentence = Beta.prior(priors.SENTENCE_END_PRIOR)  # a further token after a sentence's end
+        self.after_sentence = Beta.prior(priors.SENTENCE_END_PRIOR)  # a token after a sentence's end (a draft's first: just after)
         self.last_full = True  # was the previous draft fully accepted?
 
     def keys(self, proposal: NgramProposal, k: int, output_start: int | None) -> list[Beta]:
         """The estimate behind each of k drafted tokens: the first token's, then the continuation's by
-        depth (`output_start`: where this generation's own output begins, None when not known)."""
+        depth (`output_start`: where this generation's own output begins, None when not known); any
+        token that follows the end of a sentence, drafted or just committed, by the copies that ran on
+        past one."""
         kind = proposal_kind(proposal, output_start)
-        first_key = (kind, span_bucket(proposal.span), self.last_full)
-        if first_key not in self.first:
-            if kind == "mixed":
-                prior = priors.MIXED_PRIOR
-            elif kind == "own":
-                prior = min(self.first_pool.mean, priors.OWN_PRIOR)
-            else:
-                prior = max(self.first_pool.mean, priors.COPY_PRIOR.get(first_key[1], 0.0))
-            self.first[first_key] = Beta.prior(prior)
         group = kind if kind in ("unique", "own") else "repeated"
         further = [
             self.after_sentence if self.sentence_end(proposal.tokens[i - 1]) else self._continuation(group, proposal.span + i)
             for i in range(1, k)
         ]
-        return [self.first[first_key], *further]
+        first = self.after_sentence if proposal.sentence_start else self._first(kind, proposal.span)
+        return [first, *further]
+
+    def _first(self, kind: str, span: int) -> Beta:
+        key = (kind, span_bucket(span), self.last_full)
+        if key not in self.first:
+            if kind == "mixed":
+                prior = priors.MIXED_PRIOR
+            elif kind == "own":
+                prior = min(self.first_pool.mean, priors.OWN_PRIOR)
+            else:
+                prior = max(self.first_pool.mean, priors.COPY_PRIOR.get(key[1], 0.0))
+            self.first[key] = Beta.prior(prior)
+        return self.first[key]
 
     def _continuation(self, group: str, depth: int) -> Beta:
         key = (group, _depth_bucket(depth))

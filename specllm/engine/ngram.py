@@ -30,6 +30,7 @@ class NgramProposal:
     seen: int = 1  # earlier occurrences of the matched n-gram
     consistent: bool = True  # every earlier occurrence was followed by the same token
     source: int = 0  # position in the history of the continuation's first token
+    sentence_start: bool = False  # a sentence has just begun before it (`NgramDrafter` tells, from the history's last tokens)
 
 
 class NgramCache:

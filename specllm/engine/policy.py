@@ -14,8 +14,9 @@ generation (`estimates.py`, from the priors of `priors.py`):
   - an n-gram proposal's first token by the kind of match (an n-gram seen once before, or several
     times always followed by the same token, or by different ones, or a copy of this generation's
     own output), how far the context agrees with it, and whether the previous draft was fully
-    accepted; each further token by the depth into the copy, or apart when it follows the end of a
-    sentence (where extractive summaries leave their source and code edits do not). A proposal
+    accepted; each further token by the depth into the copy; apart, a token that follows the end of
+    a sentence, in the draft or just before it (where extractive summaries leave their source and
+    code edits do not). A proposal
     not drafted is scored against what the step committed instead, so a copy shows itself before
     any draft risks a pass;
   - the draft model's tokens by one acceptance rate for the decision to consult it (optimistic,
