@@ -46,10 +46,24 @@ def test_a_mixed_draft_is_one_drafted_pass_not_one_per_source():
     row = next(r for r in summarize(runs, COSTS, greedy=False) if r["strategy"] == "auto")
     assert row["undrafted_passes"] == 1
     # α = 5/6 (accepted 4 + 1 of 6), γ = 6 drafted / 2 drafting passes = 3, c = (0.06 s / 6) / 0.1 s = 0.1,
-    # v = a batch of γ + 1 = 4 against one = 0.2 / 0.1 = 2.0
+    # v = a batch of γ + 1 = 4 against one = 0.2 / 0.1 = 2.0; the plain pass: one token for one pass
     alpha = 5 / 6
-    expected = (1 - alpha**4) / ((1 - alpha) * (3 * 0.1 + 2.0))
-    assert row["expected_speedup"] == pytest.approx(round(expected, 3)) == 1.351
+    drafted = (1 - alpha**4) / (1 - alpha)
+    expected = (2 * drafted + 1) / (2 * (3 * 0.1 + 2.0) + 1)
+    assert row["expected_speedup"] == pytest.approx(round(expected, 3)) == 1.288
+
+
+def test_the_expected_speedup_counts_the_passes_that_drafted_nothing():
+    """`auto` declines most steps where little repeats: the textbook formula over its few drafted
+    passes said 2.22x for a run of 98 plain passes and 2 sure 4-token drafts, which is about 1.05x."""
+    prompt = Prompt("1", "qa", "hi")
+    stats = Stats(tokens=110, committed=110, target_passes=100, seconds=10.0, drafted=8, accepted=8, draft_steps=2)
+    off = Stats(tokens=110, committed=110, target_passes=110, seconds=11.0)
+    runs = [Run(prompt, "off", 0, [1, 2, 3], list(range(110)), off), Run(prompt, "auto", 0, [1, 2, 3], list(range(110)), stats)]
+    row = next(r for r in summarize(runs, COSTS, greedy=False) if r["strategy"] == "auto")
+    assert 5 / COSTS.relative(5) == pytest.approx(2.22, abs=0.01)  # a drafted pass: 5 tokens for a batch of 5
+    assert row["expected_speedup"] == pytest.approx((2 * 5 + 98) / (2 * COSTS.relative(5) + 98), abs=1e-3)
+    assert row["expected_speedup"] == pytest.approx(1.054, abs=1e-3)
 
 
 def _pair(prompt: Prompt, repeat: int, off_seconds: float, seconds: float, tokens: int = 10) -> list[Run]:

@@ -281,14 +281,19 @@ def _by_repeat(runs: list[Run]) -> dict[int, list[Run]]:
 
 
 def _expected(total: Stats, costs: CostModel | None) -> float | None:
-    """The textbook speedup from the measured acceptance, draft length and costs."""
+    """The textbook speedup from the measured acceptance, draft length and costs, over the run's
+    steps: its drafted passes at the formula's tokens and cost, its plain passes (no draft: `auto`
+    declining, the n-gram cache finding nothing) at one token for one pass."""
     if not costs or not total.draft_steps or not total.drafted:
         return None
     gamma = total.drafted / total.draft_steps  # per pass that verified a draft (a mixed draft is one, not one per source)
     per_token_draft = total.draft_seconds / total.drafted
     c = per_token_draft / costs.verify(1)
     v = costs.relative(round(gamma) + 1)
-    return round(expected_speedup(total.acceptance_rate, gamma, c, v), 3)
+    drafting = expected_speedup(total.acceptance_rate, gamma, c, v)
+    steps, plain = total.draft_steps, total.undrafted_passes
+    cost = gamma * c + v  # a drafted pass, in single passes
+    return round((steps * drafting * cost + plain) / (steps * cost + plain), 3)
 
 
 def expected_speedup(alpha: float, gamma: float, c: float, v: float) -> float:
