@@ -13,6 +13,7 @@ import typer
 # Each module registers its commands on `app`.
 from specllm.cli import bench_cmd, chat_cmd, models_cmd, run_cmd, serve_cmd  # noqa: E402,F401 - each registers its commands
 from specllm.cli.app import app
+from specllm.cli.common import utf8_streams
 from specllm.cli.interrupt import Terminated
 from specllm.errors import SpecllmError, UsageError, one_line
 
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     """
     signal.signal(signal.SIGTERM, _raise_terminated)
     _stand_in_for_closed_streams()
+    utf8_streams()  # every command's text, whatever the system's code page
     command = typer.main.get_command(app)
     args = sys.argv[1:] if argv is None else list(argv)
     try:

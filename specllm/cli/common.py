@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+import io
 import sys
 from contextlib import contextmanager
 
@@ -161,8 +163,35 @@ def download_progress():
         bar.stop()
 
 
+def utf8_streams() -> None:
+    """Standard streams in UTF-8 where their own encoding cannot hold every character. Windows reads and
+    writes a redirected stream (a file, a pipe) in its ANSI code page (cp1252): a reply holding 'お'
+    ended `run > out.txt` with an error and no text, and a UTF-8 script piped to `chat` arrived garbled.
+    A terminal keeps its encoding (Windows' console is UTF-8 already); what it cannot show is replaced."""
+    for stream, errors in ((sys.stdin, "strict"), (sys.stdout, "strict"), (sys.stderr, "backslashreplace")):
+        encoding = getattr(stream, "encoding", None)
+        if not encoding or not hasattr(stream, "reconfigure") or _holds_every_character(encoding):
+            continue
+        try:
+            if not stream.isatty():
+                stream.reconfigure(encoding="utf-8", errors=errors)
+            elif stream is not sys.stdin:
+                stream.reconfigure(errors="replace")
+        except (OSError, ValueError, io.UnsupportedOperation):  # already read from, or closed: left as it is
+            pass
+
+
+def _holds_every_character(encoding: str) -> bool:
+    try:
+        return codecs.lookup(encoding).name.startswith("utf")
+    except LookupError:
+        return False
+
+
 def read_prompt(prompt: str | None) -> str:
-    """Piped stdin first, then the --prompt text, as llm and ollama do."""
+    """Piped stdin first, then the --prompt text, as llm and ollama do. Windows' line ends (a file made
+    there) and an editor's byte-order mark are taken out of piped text, as they are out of a chat's
+    script, so that a file is the same prompt on every system."""
     piped = None
     if not sys.stdin.isatty():
         try:
@@ -170,7 +199,7 @@ def read_prompt(prompt: str | None) -> str:
         except OSError as exc:  # main would call it a failure to write the output
             raise SpecllmError(f"cannot read standard input: {exc.strerror or exc}") from None
         try:
-            piped = data.decode("utf-8")
+            piped = data.decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n")
         except UnicodeDecodeError as exc:
             raise SpecllmError(f"standard input is not valid UTF-8 (byte {exc.start})") from None
     parts = [p for p in (piped, prompt) if p is not None and p.strip()]

@@ -23,7 +23,39 @@ RESET = "\x1b[0m"
 
 def colour_allowed(stream) -> bool:
     """A terminal that is not dumb, and NO_COLOR unset or empty (no-color.org, and rich, read an empty one as unset)."""
-    return stream.isatty() and not os.environ.get("NO_COLOR") and not dumb_terminal()
+    return stream.isatty() and not os.environ.get("NO_COLOR") and not dumb_terminal() and escapes_understood(stream)
+
+
+def escapes_understood(stream) -> bool:
+    """Whether the terminal `stream` writes to acts on escape sequences (colours, cursor moves). A Windows
+    console does only once a program turns on its virtual-terminal mode (Windows Terminal has it on; the
+    console of Windows 10's cmd.exe and PowerShell has not), and shows them as text till then: turned on
+    here, and where that fails (before Windows 10) no escapes at all."""
+    if sys.platform != "win32":
+        return True
+    import ctypes
+
+    try:
+        kernel32, handle = _windows_console(stream)
+        mode = ctypes.c_uint32()
+        if not kernel32.GetConsoleMode(ctypes.c_void_p(handle), ctypes.byref(mode)):
+            return False  # not a console
+        if mode.value & VIRTUAL_TERMINAL:
+            return True
+        return bool(kernel32.SetConsoleMode(ctypes.c_void_p(handle), ctypes.c_uint32(mode.value | VIRTUAL_TERMINAL)))
+    except (AttributeError, ImportError, OSError, ValueError):  # no console handle (a stand-in stream)
+        return False
+
+
+VIRTUAL_TERMINAL = 0x0004  # ENABLE_VIRTUAL_TERMINAL_PROCESSING, a console output mode
+
+
+def _windows_console(stream):
+    """Windows' kernel32 and the console handle under `stream` (Windows only)."""
+    import ctypes
+    import msvcrt
+
+    return ctypes.windll.kernel32, msvcrt.get_osfhandle(stream.fileno())
 
 
 def dumb_terminal() -> bool:
@@ -171,8 +203,8 @@ class LiveStatus:
     """A status line on stderr, redrawn at most `hz` times a second; a no-op when disabled."""
 
     def __init__(self, enabled: bool, hz: float = 8.0):
-        self.enabled = enabled and not dumb_terminal()  # a dumb terminal would print the escapes
-        self.shared_terminal = self.enabled and sys.stdout.isatty()
+        self.enabled = enabled and not dumb_terminal() and escapes_understood(sys.stderr)  # else the escapes would show
+        self.shared_terminal = self.enabled and sys.stdout.isatty() and escapes_understood(sys.stdout)
         self.interval = 1.0 / hz
         self._last = 0.0
         self._rows = 0
