@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import ClientDisconnect, Request as HttpRequest
+from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
@@ -27,11 +27,11 @@ from specllm.chat import encode_infill, encode_messages, encode_raw, encode_repo
 from specllm.engine.decode import Decoder
 from specllm.errors import SpecllmError
 from specllm.reasoning import REASONING, ThinkSplitter
-from specllm.server import parsing, rendering, tools
+from specllm.server import llama_cpp, parsing, rendering, tools
+from specllm.server.body import read_json_object
 from specllm.server.parsing import LLAMA_CPP_KINDS, ApiError, busy
 from specllm.server.rendering import Renderer
 from specllm.server.worker import LEFT, SHUTTING_DOWN, Job, Result, Worker
-
 
 class Service:
     """What the routes share: the engine (tokenizer, context size), the served name, the worker."""
@@ -67,10 +67,32 @@ class Service:
         if request.suffix is not None:
             return encode_infill(target, request.prompt, request.suffix)
         if isinstance(request.prompt, list):
-            if not all(0 <= t < target.n_vocab for t in request.prompt):
-                raise ApiError(400, f"token ids must be between 0 and {target.n_vocab - 1}", "prompt")
+            self.check_tokens(request.prompt, "prompt")
             return request.prompt
         return encode_raw(target, request.prompt)
+
+    def check_tokens(self, tokens: list, param: str) -> None:
+        n_vocab = self.engine.target.n_vocab
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in tokens):
+            raise ApiError(400, f"token ids must be between 0 and {n_vocab - 1}", param)
+
+    def token_bytes(self, token: int) -> bytes:
+        """A token's bytes, a control token's as its text (`<|im_end|>`), as llama.cpp's /detokenize writes them."""
+        target = self.engine.target
+        return target.token_bytes(token) or target.token_text(token).encode("utf-8")
+
+    def settings(self) -> dict:
+        """llama.cpp's `generation_settings`, so far as its clients read them: llama.vscode's status line
+        reads n_ctx from every /infill answer (without it, it stopped before gathering the editor's context)."""
+        defaults = parsing.DEFAULTS
+        params = {"n_predict": -1, "temperature": defaults.temperature, "top_k": defaults.top_k, "top_p": defaults.top_p,
+                  "min_p": defaults.min_p, "seed": -1}  # fmt: skip
+        return {"n_ctx": self.engine.target.n_ctx, "model": self.model_id, "params": params}
+
+    def props(self) -> dict:
+        """llama.cpp's /props, the fields its clients read (the context's size above all)."""
+        return {"default_generation_settings": self.settings(), "total_slots": 1, "model_alias": self.model_id,
+                "model_path": str(self.engine.target.path), "modalities": {"vision": False, "audio": False}}  # fmt: skip
 
     def close(self) -> None:
         self.worker.close()
@@ -146,6 +168,7 @@ def create_app(service: Service | Loading, api_key: str | None = None) -> Starle
         Route("/infill", infill, methods=["POST"]),
         Route("/completion", native, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
+        *llama_cpp.routes(loading.service),
     ]
     # The OpenAI routes with and without /v1, as llama.cpp's server has them: a client given the
     # server's address as its base URL (aider's OPENAI_API_BASE, Zed's api_url) adds no /v1
@@ -189,18 +212,7 @@ class RequireKey:
 
 
 async def _generate(service: Service, kind: str, http: HttpRequest):
-    try:
-        data = await http.body()
-    except ClientDisconnect:  # gone before its body came (an editor cancelling): answered, not logged as a crash
-        raise ApiError(LEFT.status, LEFT.message, kind=LEFT.kind) from None
-    try:
-        body = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
-    except ValueError:  # an integer longer than Python reads (4,300 digits by default)
-        raise ApiError(400, "the request body is not valid JSON here: a number has too many digits") from None
-    except RecursionError:
-        raise ApiError(400, "the request body is not valid JSON here: nested too deeply") from None
+    body = await read_json_object(http)
     parse = {"infill": parsing.parse_infill, "native": parsing.parse_native}.get(kind)
     request = parse(body) if parse else parsing.parse(kind, body)
     # llama.vim sends "model": "" whatever it is set to, and llama.cpp's own routes read no name (an
@@ -228,7 +240,9 @@ async def _generate(service: Service, kind: str, http: HttpRequest):
     job = Job(prompt, max_tokens, request.params, post, request.stop, request.n_indent, request.t_max_predict_ms / 1000)
     service.worker.submit(job)
     thinking = reasoning_splitter(service.engine.target, prompt) if kind == "chat" else ThinkSplitter(thinks=False)
-    return JobResponse(job, events, request, Renderer(kind, service.model_id, request.response_fields), service.strategy, thinking)
+    response = JobResponse(job, events, request, Renderer(kind, service.model_id, request.response_fields), service.strategy, thinking)
+    response.settings = service.settings() if kind in LLAMA_CPP_KINDS else None
+    return response
 
 
 class JobResponse:
@@ -237,6 +251,7 @@ class JobResponse:
     def __init__(self, job: Job, events: asyncio.Queue, request: parsing.Request, render: Renderer, strategy: str, thinking: ThinkSplitter):
         self.job, self.events, self.request, self.render, self.strategy = job, events, request, render, strategy
         self.thinking = thinking  # a thinking model's reasoning goes apart from the answer
+        self.settings: dict | None = None  # llama.cpp's routes: `generation_settings` in the answer's last object
 
     async def __call__(self, scope, receive, send) -> None:
         watcher = asyncio.ensure_future(self._watch(receive))
@@ -275,7 +290,7 @@ class JobResponse:
                     if found:  # else the model's own text, a required call's opening apart
                         text, calls, reason = content, [call.wire() for call in found], "tool_calls"
                 body = self.render.whole(text, reason, rendering.usage(payload.stats, self.strategy), calls, reasoning)
-                return await _send_json(send, 200, body)
+                return await _send_json(send, 200, self._with_settings(body))
 
     async def _stream(self, send) -> None:
         headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
@@ -309,7 +324,7 @@ class JobResponse:
                     await self._event(send, self.render.chunk(None, reason))
                     await self._event(send, self.render.usage_chunk(usage))
                 else:  # usage on the last chunk all the same (what speculation did), as llama.cpp's server sends its timings
-                    await self._event(send, self.render.chunk(None, reason, usage))
+                    await self._event(send, self._with_settings(self.render.chunk(None, reason, usage)))
                 break
         end = b"" if self.request.kind in LLAMA_CPP_KINDS else b"data: [DONE]\n\n"  # llama.cpp's own stream has no end marker
         await send({"type": "http.response.body", "body": end, "more_body": False})
@@ -331,6 +346,17 @@ class JobResponse:
             # suspends, so a client gone mid-stream went unnoticed (its generation ran on, every write
             # after the fifth logged "socket.send() raised exception.": 5,377 lines for 10 clients).
             await asyncio.sleep(0)
+
+    def _with_settings(self, body: dict) -> dict:
+        """llama.cpp's answer carries its `generation_settings`; with `response_fields`, those asked for."""
+        if self.settings is None:
+            return body
+        fields = self.request.response_fields
+        if not fields:
+            return {**body, "generation_settings": self.settings}
+        asked = {path: self.settings[path.split("/", 1)[1]] for path in fields
+                 if path.startswith("generation_settings/") and path.split("/", 1)[1] in self.settings}  # fmt: skip
+        return {**body, **asked}
 
     def _reason(self, result: Result) -> str:
         if self.request.kind in LLAMA_CPP_KINDS:

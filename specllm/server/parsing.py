@@ -179,7 +179,9 @@ def _object(body: object) -> None:
 def check_length(request: Request, prompt_tokens: int, n_ctx: int) -> int:
     """The most tokens to generate for a prompt of this size; ApiError when it cannot fit."""
     if prompt_tokens >= n_ctx:
-        raise ApiError(400, f"the prompt has {prompt_tokens} tokens but the context holds {n_ctx}",
+        # llama.cpp's words beside OpenAI's code: llama.vscode's chat tells a context overflow (and says
+        # to shorten the chat) by "exceeds the available context size" in the message
+        raise ApiError(400, f"the prompt has {prompt_tokens} tokens but the context holds {n_ctx}: the request exceeds the available context size",
                        {"chat": "messages", "infill": "input_prefix"}.get(request.kind, "prompt"), "context_length_exceeded")  # fmt: skip
     if request.max_tokens is None:
         return n_ctx - prompt_tokens
@@ -366,7 +368,11 @@ def _stop(value) -> list[str]:
 
 
 def _word(kind: type) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "a boolean", dict: "an object"}[kind]
+    return {int: "an integer", float: "a number", str: "a string", bool: "a boolean", dict: "an object", list: "an array"}[kind]
+
+
+# for llama.cpp's routes outside the completion requests (/tokenize, /detokenize)
+check_object, get = _object, _get
 
 
 def _type(value) -> str:
