@@ -355,7 +355,8 @@ class LlamaBackend:
         if self._chat_template is False:
             try:
                 eos = self.token_text(int(self._lib.llama_vocab_eos(self._vocab)))
-                self._chat_template = ChatTemplate(self._template_text().decode("utf-8", "replace"), eos)
+                bos = int(self._lib.llama_vocab_bos(self._vocab))  # -1: the model has none
+                self._chat_template = ChatTemplate(self._template_text().decode("utf-8", "replace"), eos, self.token_text(bos) if bos >= 0 else "")
             except Exception:  # noqa: BLE001 - no renderer here, or a template it cannot compile
                 self._chat_template = None
         return self._chat_template

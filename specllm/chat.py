@@ -109,6 +109,8 @@ def encode_messages(backend, messages: list[dict], add_assistant: bool = True, t
     placeholders = [{**m, **{f: hold(m[f]) for f in TEXT_FIELDS if isinstance(m.get(f), str) and m[f]}} for m in messages]
     rendered = backend.apply_chat_template(placeholders, add_assistant, tools, variables) + prefill
     tokens = _start(backend)
+    if tokens and template is not None and template.bos_token and rendered.startswith(template.bos_token):
+        rendered = rendered[len(template.bos_token) :]  # the template's BOS is the one the tokenizer adds: once
     pattern = re.compile(re.escape(marker) + r"(\d+)\ue001")
     position = 0
     for match in pattern.finditer(rendered):
@@ -168,10 +170,12 @@ def _template(backend) -> "ChatTemplate | None":
 
 class ChatTemplate:
     """A model's Jinja chat template, rendered as Transformers renders it: sandboxed, `tojson` keeping
-    key order and non-ASCII text, `raise_exception` and `strftime_now` at hand. No BOS text: the
-    tokenizer adds BOS where the model wants it, once."""
+    key order and non-ASCII text, `raise_exception` and `strftime_now` at hand, `bos_token` the
+    model's (Llama 2's template opens every user turn with it; `encode_messages` drops the leading
+    one where the tokenizer adds BOS itself). A template with no system role (Gemma 2's refuses one,
+    Phi-3 mini's leaves it out) gets the system prompt in the user turn after it."""
 
-    def __init__(self, text: str, eos_token: str):
+    def __init__(self, text: str, eos_token: str, bos_token: str = ""):
         from jinja2.ext import loopcontrols
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -180,7 +184,7 @@ class ChatTemplate:
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self._template = env.from_string(text)  # jinja2.TemplateError where it cannot compile
-        self.eos_token = eos_token
+        self.eos_token, self.bos_token = eos_token, bos_token
         self.takes_tools = "tools" in text
         self.writes_tool_call_tags = "<tool_call>" in text  # Qwen2.5's and Hermes' format
         self.thinks = template_thinks(text)  # Qwen3, QwQ, DeepSeek-R1's distillations
@@ -194,10 +198,42 @@ class ChatTemplate:
         except Exception:  # noqa: BLE001 - a template that needs more than one user message
             return False
 
+    @functools.cached_property
+    def takes_system(self) -> bool:
+        """Whether a system message's text reaches the prompt (Gemma 2's template raises on one,
+        Phi-3 mini's and Mistral v0.2's have no place for it), as llama.cpp's server probes it."""
+        probe = "\ue000system\ue001"
+        try:
+            return probe in self._render([{"role": "system", "content": probe}, {"role": "user", "content": "?"}], True, None, None)
+        except Exception:  # noqa: BLE001 - the template refused the system message
+            return False
+
     def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
                variables: dict | None = None) -> str:  # fmt: skip
-        fixed = {"messages": messages, "tools": tools, "add_generation_prompt": add_generation_prompt, "bos_token": "", "eos_token": self.eos_token}
+        if not self.takes_system and any(m.get("role") == "system" for m in messages):
+            messages = system_in_user_turns(messages)
+        return self._render(messages, add_generation_prompt, tools, variables)
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None, variables: dict | None) -> str:
+        fixed = {"messages": messages, "tools": tools, "add_generation_prompt": add_generation_prompt,
+                 "bos_token": self.bos_token, "eos_token": self.eos_token}  # fmt: skip
         return self._template.render({**(variables or {}), **fixed})  # a variable never replaces the messages
+
+
+def system_in_user_turns(messages: list[dict]) -> list[dict]:
+    """The messages for a template with no system role: a system message's text opens the next user
+    message, a blank line between (as llama.cpp writes Gemma's prompt); one that no user message
+    follows becomes one. An empty system message (`--system ''`) adds nothing."""
+    out, pending = [], []
+    for message in messages:
+        if message.get("role") == "system":
+            pending += [message["content"]] if message.get("content") else []
+            continue
+        if message.get("role") == "user" and pending:
+            message = {**message, "content": "\n\n".join(pending + ([message["content"]] if message.get("content") else []))}
+            pending = []
+        out.append(message)
+    return out + ([{"role": "user", "content": "\n\n".join(pending)}] if pending else [])
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:

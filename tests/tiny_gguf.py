@@ -191,6 +191,7 @@ def write_tiny_gguf(
     architecture: str = "llama",
     n_ctx_train: int = 32768,  # as the default models: no --ctx-size a test uses passes it
     chat_template: str | None = None,
+    tokenizer_scalars: dict[str, object] | None = None,
 ) -> Path:
     """Write a llama-architecture GGUF with f32 weights drawn from `numpy.random.default_rng(seed)`.
 
@@ -198,13 +199,17 @@ def write_tiny_gguf(
     a draft model that mostly agrees with its target but not exactly. `drop_last_tokens` cuts
     the vocabulary (and the merges producing the cut tokens), and `token_edits` (id -> text)
     renames tokens, for vocabulary-mismatch tests. The tokenizer is `tiny_tokenizer()` unless
-    `tokenizer_from` names a GGUF to copy it from; `chat_template` replaces its chat template.
+    `tokenizer_from` names a GGUF to copy it from; `chat_template` replaces its chat template, and
+    `tokenizer_scalars` other fields of TOKENIZER_SCALARS ({"tokenizer.ggml.add_bos_token": True}).
     """
     path = Path(path)
     tok = tiny_tokenizer() if tokenizer_from is None else read_tokenizer(str(tokenizer_from))
     if chat_template is not None:
         scalars = tuple((key, kind, chat_template if key == "tokenizer.chat_template" else value) for key, kind, value in tok.scalars)
         tok = replace(tok, scalars=scalars)
+    if tokenizer_scalars:
+        kept = tuple(scalar for scalar in tok.scalars if scalar[0] not in tokenizer_scalars)
+        tok = replace(tok, scalars=kept + tuple((key, TOKENIZER_SCALARS[key], value) for key, value in tokenizer_scalars.items()))
     n_vocab = len(tok.tokens) - drop_last_tokens
     shapes = _tensor_shapes(n_layers, width, n_ff, n_vocab)
     weights = _weights(shapes, seed)
