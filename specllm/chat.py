@@ -13,6 +13,7 @@ import functools
 import json
 import re
 import secrets
+import sys
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -276,7 +277,7 @@ COMMANDS = {
     "/set": "change a setting: /set temp 0.7 (temp, top_k, top_p, min_p, seed, max_tokens); /set alone shows them",
     "/spec": "speculation strategy: /spec off|ngram|draft|ngram+draft|auto",
     "/clear": "start a new conversation (the system prompt stays)",
-    "/bye": "leave (also Ctrl-D)",
+    "/bye": "leave (also {eof})",
 }
 ALIASES = {"/?": "/help", "/exit": "/bye", "/quit": "/bye"}
 _COMMAND_WORD = re.compile(r"/(\?|[A-Za-z][\w-]*)")
@@ -298,9 +299,14 @@ def parse_command(line: str) -> Command | None:
     return Command(name, words[1:], name in COMMANDS)
 
 
+def end_of_input_keys() -> str:
+    """The keys that end a terminal's input: Ctrl-D, on Windows Ctrl-Z then Enter (Ctrl-D types ^D there)."""
+    return "Ctrl-Z then Enter" if sys.platform == "win32" else "Ctrl-D"
+
+
 def help_text() -> str:
     width = max(len(name) for name in COMMANDS)
-    lines = [f"  {name:<{width}}  {text}" for name, text in COMMANDS.items()]
+    lines = [f"  {name:<{width}}  {text.format(eof=end_of_input_keys())}" for name, text in COMMANDS.items()]
     lines.append('  """{0:<{1}}  begin and end a message of several lines'.format("", width - 3))
     return "Commands:\n" + "\n".join(lines)
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from specllm.chat import ChatSettings, Conversation, encode_messages
 from specllm.cli import app
 from specllm.cli import common as c
-from specllm.cli.chat_loop import LEAVE_HINT, ChatLoop
+from specllm.cli.chat_loop import ChatLoop, leave_hint
 from specllm.engine.sampling import SamplingParams
 from specllm.errors import UsageError
 from tests.fakes import FakeEngine, reader, reference_reply
@@ -297,7 +297,7 @@ def test_ctrl_c_at_the_prompt_says_how_to_leave_and_ctrl_d_leaves(capsys):
     loop, out = terminal_loop(FakeEngine(), max_tokens=5)
     loop.run(reader([KeyboardInterrupt(), '"""', "half", KeyboardInterrupt(), "hi", EOFError(), "never"]))
     err = capsys.readouterr().err
-    assert LEAVE_HINT in err and "Multi-line message dropped." in err
+    assert leave_hint() in err and "Multi-line message dropped." in err
     assert out.getvalue() == reference_reply(user("hi"), 5) + "\n"
     assert loop.conversation.messages == history(("hi", out.getvalue().strip()))
 

@@ -206,3 +206,15 @@ def test_real_run_in_windows_code_page_writes_the_same_bytes_as_in_utf8(home, sm
     assert utf8.returncode == 0 and windows.returncode == 0, windows.stderr
     assert any(not ch.encode("cp1252", "ignore") for ch in utf8.stdout.strip())  # the test means something
     assert windows.stdout == utf8.stdout
+
+
+def test_chat_names_the_keys_that_end_input_on_windows(monkeypatch):
+    """Ctrl-D types ^D in a Windows console, which chat would send as a message: there the hints
+    and /help name Ctrl-Z then Enter."""
+    from specllm.chat import help_text
+    from specllm.cli.chat_loop import leave_hint
+
+    assert "Ctrl-D" in leave_hint() and "Ctrl-D" in help_text()
+    monkeypatch.setattr(sys, "platform", "win32")
+    assert "Ctrl-Z then Enter" in leave_hint() and "Ctrl-Z then Enter" in help_text()
+    assert "Ctrl-D" not in leave_hint() + help_text()

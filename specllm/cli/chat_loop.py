@@ -24,6 +24,7 @@ from specllm.chat import (
     apply_set,
     command_names,
     encode_messages,
+    end_of_input_keys,
     help_text,
     parse_command,
     reasoning_splitter,
@@ -49,8 +50,11 @@ from specllm.session import STRATEGIES
 
 ReadLine = Callable[[str], str]  # returns a line without its newline; EOFError at the end
 PROMPT, CONTINUATION = ">>> ", "... "
-LEAVE_HINT = "Use Ctrl-D or /bye to leave."
 CLEAR_HINT = "/clear starts a new conversation"
+
+
+def leave_hint() -> str:
+    return f"Use {end_of_input_keys()} or /bye to leave."
 
 
 class ChatLoop:
@@ -99,7 +103,7 @@ class ChatLoop:
                 if not self.interactive:
                     raise
                 self.err.write("\n")
-                self.note("Multi-line message dropped." if self.block.cancel() else LEAVE_HINT)
+                self.note("Multi-line message dropped." if self.block.cancel() else leave_hint())
                 continue
             except Terminated:
                 if self.interactive:
@@ -134,7 +138,7 @@ class ChatLoop:
         elif command.name == "/bye":
             return False
         elif command.name == "/help":
-            self.note(f"{help_text()}\n{LEAVE_HINT} Ctrl-C stops a reply.")
+            self.note(f"{help_text()}\n{leave_hint()} Ctrl-C stops a reply.")
         elif command.name == "/stats":
             self.note(self.stats_text())
         elif command.name == "/set":
@@ -325,7 +329,7 @@ class ChatLoop:
     def banner(self) -> None:
         name = getattr(self.engine.target, "path", None)
         name = f" with {name.name}" if name is not None else ""
-        self.note(f"Chatting{name} (spec {self.strategy}). /help lists the commands. {LEAVE_HINT}", dim=True)
+        self.note(f"Chatting{name} (spec {self.strategy}). /help lists the commands. {leave_hint()}", dim=True)
 
 
 def script_reader(stream) -> ReadLine:
