@@ -110,7 +110,10 @@ class Decoder:
         None; the draft is cut after that token, since nothing past it would be shown. (Not before
         it: above temperature 0 a draft model's token decides where its draft ends only as the last
         token drafted, verified like the others; leaving it out for the target's own draw instead
-        would skew the distribution.)"""
+        would skew the distribution.) `params` out of their ranges raise InvalidSampling, as the
+        command line and the server refuse them (a negative temperature would sample the least
+        likely tokens first); `rng` None: a fresh one."""
+        params = params.validate()
         prompt = self._checked(prompt)
         if len(prompt) >= self.target.n_ctx:
             raise SpecllmError(
@@ -124,6 +127,7 @@ class Decoder:
         if len(self.history) < len(prompt):  # stopped while reading the prompt
             yield Done("interrupted", [], "")
             return
+        rng = np.random.default_rng() if rng is None else rng  # the draft model samples from it above temperature 0
         randoms = None if params.greedy else Randoms.drawn_from(rng)  # the target's draws by position; `rng` is the drafter's
         text = _TextStream(self.target)
         generated: list[int] = []

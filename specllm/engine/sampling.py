@@ -97,9 +97,14 @@ def _warp_row(row: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.n
     # Top-k on the raw logits (dividing by the temperature keeps their order), then float64 on the
     # survivors only: over a 151,936-token vocabulary the whole row in float64 took 3.9 ms a row.
     keep = _top_candidates(row, params.top_k)
-    scaled = row[keep].astype(np.float64) / params.temperature
+    kept = row[keep].astype(np.float64)
+    with np.errstate(over="ignore"):
+        scaled = kept / params.temperature
+        top = scaled.max()
+        if not np.isfinite(top):  # a temperature under ~1e-307 overflows a logit to inf (inf - inf: NaN): the best first at 0
+            scaled, top = (kept - kept.max()) / params.temperature, 0.0
     # Softmax over the survivors only; everything else stays at probability 0.
-    p = np.exp(scaled - scaled.max())
+    p = np.exp(scaled - top)
     p /= p.sum()
     # Min-p and top-p each keep the most likely tokens, down to a floor or until a mass: together, the
     # shorter of the two. Min-p first, a comparison, so that top-p sorts only what min-p keeps (with
@@ -195,7 +200,8 @@ def pick(tokens: np.ndarray, probs: np.ndarray, u: float) -> int:
     with np.errstate(over="ignore"):  # the hash multiplies modulo 2**64
         bits = _mix(np.uint64(int(u * 2**53)) ^ _mix(tokens.astype(np.uint64) + _GOLDEN))
     uniforms = (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53 + 2.0**-54  # in (0, 1)
-    return int(tokens[np.argmax(np.log(probs) - np.log(-np.log(uniforms)))])
+    with np.errstate(divide="ignore"):  # a survivor whose probability underflowed to 0 (a low temperature): log -inf, never drawn
+        return int(tokens[np.argmax(np.log(probs) - np.log(-np.log(uniforms)))])
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
