@@ -111,7 +111,7 @@ def _check(sequences, expected: dict) -> None:
 
 
 @pytest.mark.parametrize("kind", ["draft", "ngram", "auto"])
-@pytest.mark.parametrize("params", _cases())
+@pytest.mark.parametrize("params", list(_cases()))
 def test_sampled_sequences_follow_the_target_under_each_option(kind, params, virtual_clock):
     """The first three tokens jointly, drafts covering them, are distributed as the target's own
     under each option; drafted tokens were both kept and rejected (a check over sequences that no
@@ -125,7 +125,7 @@ def test_sampled_sequences_follow_the_target_under_each_option(kind, params, vir
     _check(sequences, expected)
 
 
-@pytest.mark.parametrize("params", _cases())
+@pytest.mark.parametrize("params", list(_cases()))
 def test_a_seeded_text_is_plain_decodings_whatever_the_ngram_cache_drafts(params):
     """With a seed, n-gram drafts (one-hot: kept when the target's own draw at their position is
     them) leave the text plain decoding's, under each option (README: `--seed`)."""
