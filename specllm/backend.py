@@ -24,7 +24,7 @@ import numpy as np
 
 from specllm.chat import ChatTemplate
 from specllm.engine.protocol import Backend  # noqa: F401 - the protocol this module implements
-from specllm.errors import SpecllmError
+from specllm.errors import SpecllmError, UsageError
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class LoadOptions:
 
 
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
+MAX_CTX = 2**31 - 1  # a context's positions are llama.cpp's int32 llama_pos (0: the size the model was trained on)
 
 
 def supports_gpu_offload() -> bool:
@@ -225,6 +226,9 @@ class LlamaBackend:
 
         self._lib = llama_cpp
         self.path = Path(path)
+        if not 0 <= options.n_ctx <= MAX_CTX:  # llama.cpp reads an unsigned 32-bit size: 2**32 + 256 would be 256, silently
+            bound = f"at most {MAX_CTX} tokens (llama.cpp's positions are 32-bit)" if options.n_ctx > 0 else "0 or more (0: the length the model was trained on)"
+            raise UsageError(f"--ctx-size must be {bound}, got {options.n_ctx}")
         _init_llama()
         model_params = llama_cpp.llama_model_default_params()
         self.n_gpu_layers = model_params.n_gpu_layers = gpu_layers(options)

@@ -11,7 +11,7 @@ from specllm.chat import ChatSettings, Conversation
 from specllm.cli import common as c
 from specllm.cli import options as o
 from specllm.cli.app import Command, app
-from specllm.cli.chat_loop import ChatLoop, script_reader, terminal_reader
+from specllm.cli.chat_loop import ChatLoop, check_system_prompt, script_reader, terminal_reader
 from specllm.cli.display import use_colour
 from specllm.errors import SpecllmError
 from specllm.session import SpecConfig
@@ -53,7 +53,8 @@ def chat(
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     colour = use_colour(color, sys.stdout)
     interactive = sys.stdin.isatty()
-    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, flash_attn, think=not no_think)
+    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, flash_attn, think=not no_think,
+                           check=lambda engine: check_system_prompt(engine, system, not no_think))
     loop = ChatLoop(
         engine,
         Conversation(system),

@@ -76,6 +76,7 @@ class ChatLoop:
         self.out = out or sys.stdout
         self.interactive, self.live, self.summaries, self.colour = interactive, live, summaries, colour
         self.decoder = engine.decoder(strategy)
+        self.think = think
         self.variables = thinking_variables(engine.target, think)  # --no-think: the template's switch
         self.rng = np.random.default_rng(settings.params.seed)
         self.session = Stats()  # every event of every turn: /stats
@@ -257,9 +258,7 @@ class ChatLoop:
     def check_system_prompt(self) -> None:
         """A system prompt that leaves the context no room for a message is refused at the start:
         /clear keeps it, so no message could ever be sent."""
-        n_ctx = self.engine.target.n_ctx
-        if self.conversation.system is not None and (held := self.tokens_so_far()) >= n_ctx:
-            raise UsageError(f"the system prompt alone takes {held} tokens and the context holds {n_ctx}: shorten it or raise --ctx-size")
+        check_system_prompt(self.engine, self.conversation.system, self.think)
 
     def refuse(self, prompt: list[int], n_ctx: int) -> None:
         self.unsent += 1
@@ -330,6 +329,18 @@ class ChatLoop:
         name = getattr(self.engine.target, "path", None)
         name = f" with {name.name}" if name is not None else ""
         self.note(f"Chatting{name} (spec {self.strategy}). /help lists the commands. {leave_hint()}", dim=True)
+
+
+def check_system_prompt(engine, system: str | None, think: bool = True) -> None:
+    """Refuse a system prompt that leaves the context no room for a message (`think` False: as
+    `--no-think` renders it); the chat command asks before `auto` measures this machine (minutes),
+    so a refusal comes at once."""
+    if system is None:
+        return
+    n_ctx, variables = engine.target.n_ctx, thinking_variables(engine.target, think)
+    held = len(encode_messages(engine.target, [{"role": "system", "content": system}], add_assistant=False, variables=variables))
+    if held >= n_ctx:
+        raise UsageError(f"the system prompt alone takes {held} tokens and the context holds {n_ctx}: shorten it or raise --ctx-size")
 
 
 def script_reader(stream) -> ReadLine:

@@ -6,6 +6,7 @@ import codecs
 import io
 import sys
 from contextlib import contextmanager
+from typing import Callable
 
 from rich.console import Console
 from rich.text import Text
@@ -32,10 +33,12 @@ def open_engine(
     flash_attn: str = "auto",
     announce: bool | None = None,
     think: bool = True,
+    check: Callable[[Engine], None] | None = None,
 ) -> Engine:
     """Resolve names to verified files (downloading when needed) and load them; with `--spec auto`,
     measure the cost curve if none is cached, saying so (`announce`; default: where stderr is a terminal).
-    `think` False (`--no-think`) is checked against the model's template before that measurement."""
+    `think` False (`--no-think`) is checked against the model's template before that measurement, and so
+    is the input `check` refuses (a prompt the context cannot hold): an error, not minutes of measuring first."""
     spec = spec.validate()
     reg = catalog.load_registry()
     model = model or catalog.default_preset(reg).name
@@ -58,7 +61,9 @@ def open_engine(
         warn(f"--ctx-size {ctx_size} is more than the {trained} tokens {engine.target.path.name} was trained on: text past {trained} tokens may lose its thread")
     try:
         thinking_variables(engine.target, think)  # a template that cannot answer without thinking: said before minutes of measuring
-    except UsageError:
+        if check is not None:
+            check(engine)
+    except SpecllmError:
         engine.close()
         raise
     if spec.strategy == "auto":

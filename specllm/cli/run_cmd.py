@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from typing import Annotated, Optional
@@ -15,7 +16,7 @@ from specllm.cli import options as o
 from specllm.cli.app import Command, app
 from specllm.cli.display import LiveStatus, ReasoningWriter, ReplyWriter, TokenWriter, colour_allowed, stream_reply, summary_text, use_colour
 from specllm.cli.interrupt import StopOnSignal
-from specllm.engine.decode import Done
+from specllm.engine.decode import Done, check_prompt_fits
 from specllm.engine.stats import Stats
 from specllm.reasoning import ThinkSplitter
 from specllm.session import SpecConfig
@@ -58,8 +59,16 @@ def run(
     spec_config = SpecConfig(spec, draft_max, draft_p_min, ngram_min, ngram_max).validate()
     colour = use_colour(color, sys.stdout) and not as_json
     text = c.read_prompt(prompt)
-    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, flash_attn, think=not no_think)
-    tokens = engine.encode(text, system, raw, think=not no_think)
+
+    @functools.cache
+    def encoded(engine) -> list[int]:
+        return engine.encode(text, system, raw, think=not no_think)
+
+    def fits(engine) -> None:  # asked before `auto` measures this machine (minutes): a prompt too long is said at once
+        check_prompt_fits(len(encoded(engine)), engine.target.n_ctx)
+
+    engine = c.open_engine(model, draft, spec_config, ctx_size, threads, gpu_layers, gpu_layers_draft, exact, flash_attn, think=not no_think, check=fits)
+    tokens = encoded(engine)
     splitter = ThinkSplitter(thinks=False) if raw else reasoning_splitter(engine.target, tokens)  # a thinking model's reasoning apart
     stats = Stats()
     seed = params.seed if params.seed is not None else o.random_seed()  # --json says it: `--seed N` draws the same again

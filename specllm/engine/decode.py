@@ -74,6 +74,13 @@ def all_the_room(history: list[int], limit: int) -> int:  # noqa: ARG001
     return limit
 
 
+def check_prompt_fits(n_tokens: int, n_ctx: int) -> None:
+    """Refuse a prompt that leaves the context no room for a token of the reply (front ends call it
+    before they spend minutes measuring, `generate` again)."""
+    if n_tokens >= n_ctx:
+        raise SpecllmError(f"the prompt has {n_tokens} tokens but the context holds {n_ctx}; raise --ctx-size or shorten the prompt")
+
+
 # -- the speculative loop -----------------------------------------------------------------
 
 
@@ -115,11 +122,7 @@ class Decoder:
         likely tokens first); `rng` None: a fresh one."""
         params = params.validate()
         prompt = self._checked(prompt)
-        if len(prompt) >= self.target.n_ctx:
-            raise SpecllmError(
-                f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}; "
-                "raise --ctx-size or shorten the prompt"
-            )
+        check_prompt_fits(len(prompt), self.target.n_ctx)
         self._generation += 1
         generation = self._generation
         yield self._prefill(prompt, stop)
