@@ -27,10 +27,13 @@ import json
 import os
 import shutil
 import signal
+import tempfile
 import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from specllm.backend import LoadOptions
 from specllm.engine import auto, decode, drafters
@@ -45,11 +48,32 @@ from tests.user_files import USER_CACHE, USER_ENV, builtin_registry, user_files,
 DRAFT_NOISE = 0.1  # the tiny draft's weights: the target's plus this much noise (partial agreement)
 REAL_MODEL_FIXTURES = {"smollm2_path", "qwen_pair", "qwen_engine"}
 COMPACT_VOCAB = 4096  # the generated tokenizer's control tokens, bytes and merges (under 900), then fillers
+# What rich (and specllm) read to colour a stream, or to size one: set in a developer's shell or a CI
+# runner (FORCE_COLOR=1 put progress bars in `pull`'s captured stderr; TERM=dumb, as some CI logs
+# have, took the colours a pretend terminal expects), they made tests pass or fail by where they ran.
+# Every test starts from an ordinary terminal's TERM and none of the others; tests that want them set them.
+TERMINAL_OVERRIDES = ("FORCE_COLOR", "NO_COLOR", "CLICOLOR_FORCE", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS", "LINES")
+
+# Hypothesis draws the same examples every run, as every other random test here has a fixed seed: a
+# red CI is then a bug to read, not a draw to retry. `--hypothesis-profile explore` draws new ones.
+# No example database: tests write only to temporary folders (it was .hypothesis/ in the checkout).
+hypothesis_settings.register_profile("specllm", database=None, derandomize=True)
+hypothesis_settings.register_profile("explore", database=None)
+hypothesis_settings.load_profile("specllm")
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "real: uses real GGUF models fetched into the cache (slow)")
     config.addinivalue_line("markers", "slow: long generations and large statistical samples on tiny models")
     config._specllm_user_files = user_files()
+    config._specllm_hypothesis_home = tempfile.mkdtemp(prefix="specllm-hypothesis-")
+    set_hypothesis_home_dir(config._specllm_hypothesis_home)  # its constants cache, out of the checkout
+
+
+def pytest_unconfigure(config):
+    home = getattr(config, "_specllm_hypothesis_home", None)
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -75,8 +99,9 @@ def isolated_home(tmp_path_factory, monkeypatch, session_costs) -> Path:
     _link_verified_models(USER_CACHE / "models", cache / "models")
     if session_costs.is_file():
         shutil.copyfile(session_costs, cache / "costs.json")
-    for name in ("SPECLLM_CONFIG", "SPECLLM_DEBUG", "TRANSFORMERS_OFFLINE"):
+    for name in ("SPECLLM_CONFIG", "SPECLLM_DEBUG", "TRANSFORMERS_OFFLINE", *TERMINAL_OVERRIDES):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
     monkeypatch.setenv("SPECLLM_CACHE", str(cache))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / "xdg-cache"))

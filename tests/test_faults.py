@@ -14,6 +14,7 @@ import errno
 import io
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -221,62 +222,98 @@ def test_stdout_on_a_full_disk_is_one_error(home, tiny_pair):
     assert done.returncode == 1 and done.stderr.decode().strip() == "Error: cannot write the output: No space left on device"
 
 
-def wait_for_output(process: subprocess.Popen, timeout: float = 120) -> bytes:
-    """The first bytes of stdout, once the process writes them."""
-    os.set_blocking(process.stdout.fileno(), False)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        chunk = process.stdout.read()
-        if chunk:
-            os.set_blocking(process.stdout.fileno(), True)
-            return chunk
-        time.sleep(0.02)
-    pytest.fail("no output")
+# `python -m specllm` with one hook in the decoder: once the first token is committed (and shown), it
+# says HELD on stderr and holds the generation until a signal has asked it to stop. The test's signal
+# then lands in generation, after a token, however busy the machine. A fixed second's wait after the
+# model was mapped sent it, on a busy machine, during the load (exit 130, no JSON object) or before
+# the first token: 8 --json runs in 12 failed beside two other test processes.
+HELD = b"[test hook] the first token is out; holding until a signal asks to stop\n"
+HOLD_AT_FIRST_TOKEN = f"""
+import sys, time
+from specllm.engine import decode
+
+generate = decode.Decoder.generate
+
+def held(self, *args, stop=None, **kwargs):
+    holding = stop is not None
+    for event in generate(self, *args, stop=stop, **kwargs):
+        yield event
+        if holding and isinstance(event, decode.TokenCommitted):
+            holding = False
+            sys.stderr.write({HELD.decode()!r})
+            sys.stderr.flush()
+            deadline = time.monotonic() + 120
+            while not stop() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+decode.Decoder.generate = held
+from specllm.cli import main
+main()
+"""
 
 
-def wait_for_model(process: subprocess.Popen, model: Path, timeout: float = 120) -> None:
-    """Until llama.cpp has mapped the model, then a little longer: generation is under way."""
-    deadline = time.monotonic() + timeout
-    maps = Path(f"/proc/{process.pid}/maps")
-    while time.monotonic() < deadline and model.name not in maps.read_text():
-        time.sleep(0.02)
-    time.sleep(1.0)
+@pytest.fixture
+def held_process(home):
+    """Starts `specllm ARGS` with the hook above (stdout and stderr piped); kills what is left at the end."""
+    started = []
+
+    def start(*args, stdin=subprocess.DEVNULL) -> subprocess.Popen:
+        command = [sys.executable, "-c", HOLD_AT_FIRST_TOKEN, *map(str, args)]
+        started.append(subprocess.Popen(command, env=home, cwd=ROOT, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        return started[-1]
+
+    yield start
+    for process in started:  # a failed test leaves no generation running
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+
+
+def wait_until_held(process: subprocess.Popen, timeout: float = 120) -> bytes:
+    """Until the hook holds the generation; returns what specllm wrote on stderr (the hook's line left out)."""
+    seen, deadline, fd = b"", time.monotonic() + timeout, process.stderr.fileno()
+    while HELD not in seen:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 65536) if ready else b""
+        if not chunk:
+            pytest.fail(f"{'it ended' if ready else 'no token in %d s' % timeout} before generating: {seen.decode(errors='replace')}")
+        seen += chunk
+    return seen.replace(HELD, b"")
 
 
 @pytest.mark.parametrize("sig, code, said", [(signal.SIGINT, 130, "Interrupted."), (signal.SIGTERM, 143, "Terminated.")], ids=["sigint", "sigterm"])
-def test_signal_during_run_keeps_the_text(home, tiny_pair, sig, code, said):
+def test_signal_during_run_keeps_the_text(home, tiny_pair, held_process, sig, code, said):
     reference = specllm_here(home, "run", "-m", tiny_pair[0], *LONG_RUN[:4], "-n", "300", *LONG_RUN[6:], "--json")
     full_text = json.loads(reference.stdout)["text"]
-    process = popen(home, "run", "-m", tiny_pair[0], *LONG_RUN, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    first = wait_for_output(process)
+    process = held_process("run", "-m", tiny_pair[0], *LONG_RUN)
+    errors = wait_until_held(process)
     process.send_signal(sig)
-    rest, errors = process.communicate(timeout=120)
-    text = (first + rest).decode()
-    assert process.returncode == code and errors.decode().strip() == said
+    out, rest = process.communicate(timeout=120)
+    text, errors = out.decode(), (errors + rest).decode()
+    assert process.returncode == code and errors.strip() == said
     assert text.endswith("\n") and len(text) > 1
     assert full_text.startswith(text[:-1]) or text.startswith(full_text)  # what was generated, in order
 
 
 @pytest.mark.parametrize("sig, code, said", [(signal.SIGINT, 130, "Interrupted."), (signal.SIGTERM, 143, "Terminated.")], ids=["sigint", "sigterm"])
-def test_signal_during_a_chat_script_ends_the_reply_and_the_chat(home, tiny_pair, tmp_path, sig, code, said):
+def test_signal_during_a_chat_script_ends_the_reply_and_the_chat(home, tiny_pair, tmp_path, held_process, sig, code, said):
     """As in `run`: the reply stops after its step and its line ends; no later message is answered."""
     script = tmp_path / "script.txt"
     script.write_text("Tell me a long story.\nAnd another one.\n")
     with script.open("rb") as stdin:
-        process = popen(home, "chat", "-m", tiny_pair[0], *LONG_RUN[:-2], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    first = wait_for_output(process)
+        process = held_process("chat", "-m", tiny_pair[0], *LONG_RUN[:-2], stdin=stdin)
+    errors = wait_until_held(process)
     process.send_signal(sig)
-    rest, errors = process.communicate(timeout=120)
-    text = (first + rest).decode()
-    assert process.returncode == code and errors.decode().strip() == said
+    out, rest = process.communicate(timeout=120)
+    text, errors = out.decode(), (errors + rest).decode()
+    assert process.returncode == code and errors.strip() == said
     assert text.endswith("\n") and text.count("\n") == text.rstrip("\n").count("\n") + 1
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc to see when the model is loaded")
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["sigint", "sigterm"])
-def test_signal_during_run_json_still_writes_the_object(home, tiny_pair, sig, code):
-    process = popen(home, "run", "-m", tiny_pair[0], *LONG_RUN, "--json", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_for_model(process, tiny_pair[0])
+def test_signal_during_run_json_still_writes_the_object(home, tiny_pair, held_process, sig, code):
+    process = held_process("run", "-m", tiny_pair[0], *LONG_RUN, "--json")
+    wait_until_held(process)
     process.send_signal(sig)
     out, errors = process.communicate(timeout=120)
     assert process.returncode == code, errors
