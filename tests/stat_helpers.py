@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import numpy as np
 from scipy import stats as scistats
+
+from specllm.engine.sampling import warp
 
 
 def chi_square_pvalue(samples: list, expected: dict, min_expected: float = 5.0) -> float:
@@ -29,3 +32,19 @@ def chi_square_pvalue(samples: list, expected: dict, min_expected: float = 5.0) 
         predicted.append(rest_exp)
     predicted = np.array(predicted) * (n / np.sum(predicted))
     return float(scistats.chisquare(observed, predicted).pvalue)
+
+
+def exact_distribution(truth, prompt: list[int], length: int, params) -> dict:
+    """The distribution of `truth`'s first `length` tokens after `prompt` under `params`, by enumeration
+    (`truth`: a fake backend with `logits_after` and a small `n_vocab`); sequences of probability 0 left out."""
+    dist = {}
+    for seq in itertools.product(range(truth.n_vocab), repeat=length):
+        prob, context = 1.0, list(prompt)
+        for token in seq:
+            prob *= warp(truth.logits_after(context), params)[token]
+            if prob == 0.0:
+                break
+            context.append(token)
+        if prob > 0.0:
+            dist[seq] = prob
+    return dist

@@ -1,4 +1,3 @@
-import itertools
 from collections import Counter
 
 import numpy as np
@@ -20,7 +19,7 @@ from specllm.engine.policy import CostAwarePolicy, Plan
 from specllm.engine.sampling import SamplingParams, warp
 from specllm.engine.stats import Stats
 from tests.fakes import FakeBackend
-from tests.stat_helpers import chi_square_pvalue
+from tests.stat_helpers import chi_square_pvalue, exact_distribution
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
@@ -116,18 +115,7 @@ def test_plain_decoding_commits_one_token_a_pass_the_end_token_included(virtual_
 
 
 def _exact_distribution(seed, prompt, length, params, v=8):
-    truth = FakeBackend(n_vocab=v, seed=seed)
-    dist = {}
-    for seq in itertools.product(range(v), repeat=length):
-        prob, context = 1.0, list(prompt)
-        for token in seq:
-            prob *= warp(truth.logits_after(context), params)[token]
-            if prob == 0.0:
-                break
-            context.append(token)
-        if prob > 0.0:
-            dist[seq] = prob
-    return dist
+    return exact_distribution(FakeBackend(n_vocab=v, seed=seed), prompt, length, params)
 
 
 # The sources each drafter must have drafted from, and drafts both fully accepted and rejected (a draft

@@ -11,7 +11,6 @@ seed, n-gram drafts leave the text plain decoding's; and the edges (top-k 1, top
 
 from __future__ import annotations
 
-import itertools
 import warnings
 from collections import Counter
 
@@ -26,7 +25,7 @@ from specllm.engine.policy import CostAwarePolicy
 from specllm.engine.sampling import InvalidSampling, SamplingParams, argmax, draw, sample, warp
 from specllm.engine.verify import residual, verify, verify_sampled
 from tests.fakes import FakeBackend
-from tests.stat_helpers import chi_square_pvalue
+from tests.stat_helpers import chi_square_pvalue, exact_distribution
 
 V, LENGTH = 5, 3
 PROMPT = [1, 2, 1, 2, 1]  # repeats: the n-gram cache drafts from it
@@ -64,18 +63,7 @@ def _cases():
 
 def _exact_distribution(params: SamplingParams) -> dict:
     """The target's own distribution of its first LENGTH tokens after PROMPT, by enumeration."""
-    truth = FakeBackend(n_vocab=V, seed=0)
-    dist = {}
-    for seq in itertools.product(range(V), repeat=LENGTH):
-        prob, context = 1.0, list(PROMPT)
-        for token in seq:
-            prob *= warp(truth.logits_after(context), params)[token]
-            if prob == 0.0:
-                break
-            context.append(token)
-        if prob > 0.0:
-            dist[seq] = prob
-    return dist
+    return exact_distribution(FakeBackend(n_vocab=V, seed=0), PROMPT, LENGTH, params)
 
 
 def _drafter(kind: str, clock):

@@ -144,13 +144,27 @@ def test_rm_of_hf_names_needs_no_registry_as_pull_does(env, tmp_path):
 # ---------------------------------------------------------------- the Hugging Face cache
 
 
+@pytest.fixture
+def online_hub(env, monkeypatch):
+    """A local Hugging Face hub that HF_ENDPOINT names, with the test session's offline switch off
+    (huggingface_hub reads it once, at import); stopped afterwards."""
+    import huggingface_hub.constants
+
+    from tests.hubserver import LocalHub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    server = LocalHub()
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    yield server
+    server.stop()
+
+
 @pytest.mark.parametrize("variable", ["HF_HUB_CACHE", "HF_HOME"])
-def test_hugging_face_cache_variables_are_expanded_as_huggingface_hub_expands_them(env, tmp_path, monkeypatch, variable):
+def test_hugging_face_cache_variables_are_expanded_as_huggingface_hub_expands_them(env, tmp_path, monkeypatch, online_hub, variable):
     """`HF_HUB_CACHE=~/hub` (or `$VAR` in it) names the folder huggingface_hub downloads into: a file
     there is linked into specllm's cache, not downloaded again."""
-    from tests.hubserver import COMMIT, LocalHub
-
-    import huggingface_hub.constants
+    from tests.hubserver import COMMIT
 
     data = b"GGUF" + bytes(range(256)) * 20
     hub_folder = tmp_path / "home" / "hf-elsewhere" / ("hub" if variable == "HF_HOME" else "")
@@ -159,16 +173,9 @@ def test_hugging_face_cache_variables_are_expanded_as_huggingface_hub_expands_th
     (snapshot / "tiny-Q4_K_M.gguf").write_bytes(data)
     monkeypatch.setenv("ELSEWHERE", "hf-elsewhere")
     monkeypatch.setenv(variable, "~/$ELSEWHERE")
-    monkeypatch.delenv("HF_HUB_OFFLINE")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    server = LocalHub()
-    try:
-        server.add("org/Tiny-GGUF", "tiny-Q4_K_M.gguf", data)
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        path = store.resolve_model("hf:org/Tiny-GGUF:Q4_K_M")
-        assert path.read_bytes() == data and server.downloads(".gguf") == []
-    finally:
-        server.stop()
+    online_hub.add("org/Tiny-GGUF", "tiny-Q4_K_M.gguf", data)
+    path = store.resolve_model("hf:org/Tiny-GGUF:Q4_K_M")
+    assert path.read_bytes() == data and online_hub.downloads(".gguf") == []
     assert hub._hf_hub_cache() == str(hub_folder).rstrip("/")
 
 
@@ -237,25 +244,15 @@ def test_an_empty_hf_endpoint_means_the_default_hub(monkeypatch):
     assert hub._endpoint() == "http://127.0.0.1:1/mirror"
 
 
-def test_a_pinned_model_is_fetched_from_the_hf_endpoint_set_after_import(env, tmp_path, monkeypatch):
+def test_a_pinned_model_is_fetched_from_the_hf_endpoint_set_after_import(env, tmp_path, online_hub):
     """A catalog model with an `hf_repo` asks the endpoint HF_ENDPOINT names now, as `hf:` names do
     (huggingface_hub's own functions read it once, at import)."""
     import hashlib
 
-    import huggingface_hub.constants
-
     from specllm.models.catalog import ModelEntry
-    from tests.hubserver import LocalHub
 
     data = b"GGUF" + bytes(range(256)) * 20
     entry = ModelEntry("pinned", "pinned.gguf", len(data), hashlib.sha256(data).hexdigest(), hf_repo="org/Pinned-GGUF")
-    monkeypatch.delenv("HF_HUB_OFFLINE")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    server = LocalHub()
-    try:
-        server.add("org/Pinned-GGUF", "pinned.gguf", data)
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        path = hub.fetch(entry, tmp_path / "cache", hf_timeout=5)
-        assert path.read_bytes() == data and server.downloads("pinned.gguf")
-    finally:
-        server.stop()
+    online_hub.add("org/Pinned-GGUF", "pinned.gguf", data)
+    path = hub.fetch(entry, tmp_path / "cache", hf_timeout=5)
+    assert path.read_bytes() == data and online_hub.downloads("pinned.gguf")
