@@ -234,7 +234,7 @@ class LlamaBackend:
         self.n_gpu_layers = model_params.n_gpu_layers = gpu_layers(options)
         if _buffers_left_out == "extra" and hasattr(model_params, "use_extra_bufts"):
             model_params.use_extra_bufts = False
-        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
+        self._model = llama_cpp.llama_model_load_from_file(os.fsencode(self.path), model_params)  # the path's own bytes: a name that is no UTF-8 (Linux) loads too
         if not self._model:
             raise SpecllmError(f"{self.path}: llama.cpp could not load it (unsupported architecture or damaged file)")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)

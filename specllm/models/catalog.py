@@ -198,14 +198,20 @@ def check_links(part: Registry, full: Registry, source: str) -> None:
 
 
 def check_shadowed(part: Registry, full: Registry, source: str) -> None:
-    """A model in `part` named like a preset of another target: `-m`, `pull` and `rm` would mean the
-    preset's models, never this one (`rm NAME` would delete the preset's files)."""
+    """A model named like a preset of another target, either of them in `part`: `-m`, `pull` and `rm`
+    would mean the preset's models, never this one (`rm NAME` would delete the preset's files)."""
     for name in part.models:
         preset = full.presets.get(name)
         if preset is not None and preset.target != name:
             raise SpecllmError(
                 f"{source}: model '{name}' has the name of preset '{name}' (target '{preset.target}'), "
                 f"which -m, pull and rm take first; rename the model"
+            )
+    for name, preset in part.presets.items():
+        if name in full.models and preset.target != name:
+            raise SpecllmError(
+                f"{source}: preset '{name}' has the name of model '{name}' but another target ('{preset.target}'); "
+                f"-m, pull and rm would take the preset, never the model: rename the preset"
             )
 
 

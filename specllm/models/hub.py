@@ -9,12 +9,14 @@ the hub publishes for them (its LFS metadata), fetched in the same API call that
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import importlib
 import inspect
 import os
 import shutil
+import tempfile
 import threading
 from pathlib import Path
 from typing import Callable
@@ -75,7 +77,8 @@ def verify_cached(entry: ModelEntry, path: Path, progress: Progress | None = Non
     digest = hash_file(path, _reporter(progress, entry))
     if digest != entry.sha256:
         return False
-    _write_sidecar(path, entry.sha256)
+    with contextlib.suppress(OSError):  # a read-only cache (a shared or mounted one): hashed again next run
+        _write_sidecar(path, entry.sha256)
     return True
 
 
@@ -143,7 +146,7 @@ def fetch(
         return fetch_unpinned(entry, cache_dir, progress, hf_timeout)
     if verify_cached(entry, path, progress):
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     with locked(path) as alone:  # one process at a time downloads a file: two writing one `.part` would mix their bytes
         if verify_cached(entry, path, progress):  # another process fetched it while this one waited
             return path
@@ -193,6 +196,9 @@ def _what_is_there(entry: ModelEntry, path: Path) -> str:
 def install(entry: ModelEntry, path: Path, write: Callable[[Path], str | None]) -> None:
     """Run `write(part)`, check size and sha256, then rename into place. The part file never survives."""
     part = part_path(path)
+    # A part left by a fetch killed outright (SIGKILL) may be a hard link into the Hugging Face cache:
+    # writing it again would write that cache's file too.
+    part.unlink(missing_ok=True)
     try:
         digest = write(part)
         size = part.stat().st_size
@@ -205,6 +211,27 @@ def install(entry: ModelEntry, path: Path, write: Callable[[Path], str | None]) 
         _write_sidecar(path, entry.sha256)
     finally:
         part.unlink(missing_ok=True)
+
+
+UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def make_folder(folder: Path) -> None:
+    """Make `folder` (in the model cache) and check that files can be made in it; else SpecllmError, in
+    one line: each source would fail alike, on its own part file."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        blocking = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            raise SpecllmError(f"cannot make the model cache {folder}: {blocking} is a file, not a folder "
+                               "(SPECLLM_CACHE names the cache's folder)") from None  # fmt: skip
+        if exc.errno not in UNWRITABLE:
+            raise
+        raise SpecllmError(f"cannot write to the model cache {folder} ({exc.strerror}); "
+                           "make it writable, or point SPECLLM_CACHE elsewhere") from None  # fmt: skip
 
 
 def _sources(entry: ModelEntry, pip_args: tuple[str, ...], timeout: float, hf_timeout: float):
@@ -376,7 +403,7 @@ def fetch_hub_file(
     """`dest` holding `remote`, checked against the hub's size and sha256; resumes an earlier `.part`."""
     if remote.sha256 is not None and recorded_sha256(dest) == remote.sha256:
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(dest.parent)
     with locked(dest):
         if remote.sha256 is not None and recorded_sha256(dest) == remote.sha256:  # fetched while this one waited
             return dest
@@ -392,7 +419,8 @@ def _download_hub_file(repo, commit, remote: RemoteFile, dest: Path, progress, l
     report = (lambda done: progress(label, done, remote.size)) if progress else (lambda done: None)
     checking = (lambda done: progress(f"verifying {dest.name}", done, remote.size)) if progress else (lambda done: None)
     part = part_path(dest)
-    adopted = not part.exists() and _from_hf_cache(huggingface_hub, repo, commit, remote, part)
+    resumed = part.exists()  # begun by an earlier run: of the file the hub had then, which may have changed since
+    adopted = not resumed and _from_hf_cache(huggingface_hub, repo, commit, remote, part)
     client = huggingface_hub.get_session()
     http = importlib.import_module(type(client).__module__.split(".")[0])
     transient = tuple(getattr(http, n) for n in ("TransportError", "StreamError") if hasattr(http, n)) or (OSError,)
@@ -405,9 +433,9 @@ def _download_hub_file(repo, commit, remote: RemoteFile, dest: Path, progress, l
                 digest = transfer.check(part, remote.size, remote.sha256, remote.blob_id, checking)
                 break
             except transfer.BadFile:
-                if not adopted:
+                if not (adopted or resumed):
                     raise
-                adopted = False  # the Hugging Face cache's copy was bad: download it
+                adopted = resumed = False  # the bytes it started from were another file's: download it whole
     except transfer.BadFile as exc:
         raise SpecllmError(f"{where} refused: {exc}; nothing was cached") from None
     except transfer.TransferBroken as exc:
