@@ -24,7 +24,7 @@ import numpy as np
 
 from specllm.chat import ChatTemplate
 from specllm.engine.protocol import Backend  # noqa: F401 - the protocol this module implements
-from specllm.errors import SpecllmError, UsageError
+from specllm.errors import SpecllmError, UsageError, one_line
 
 
 @dataclass(frozen=True)
@@ -510,13 +510,19 @@ class DeferredBackend:
     model only where it pays, and on most CPUs it never does (on a 2-core EPYC, loading the default
     pair's 0.5B and its context took 0.9-1.3 s and 600 MB of memory, for nothing).
     Before the load it holds no KV cache: `rewind` has nothing to drop. Anything else is the
-    loaded model's (`__getattr__` loads it)."""
+    loaded model's (`__getattr__` loads it).
+
+    The load comes minutes into a run or a chat, and may fail there (the file removed, replaced or
+    cut short since the start, memory taken by then): `error` keeps why, and later loads raise it
+    again without trying (the drafter goes on without the model; the front ends say so once)."""
 
     def __init__(self, path: str | Path, options: LoadOptions, load: Callable[[Path, LoadOptions], Backend] = LlamaBackend):
         self.model: Backend | None = None
         self.path, self.options, self._load = Path(path), options, load
         self.n_gpu_layers = gpu_layers(options)
         self.closed = False
+        self.error: SpecllmError | None = None  # why the load failed (then it is not tried again)
+        self._identity = _file_identity(self.path)  # the file as the start checked it (its vocabulary)
 
     @property
     def loaded(self) -> bool:
@@ -534,8 +540,26 @@ class DeferredBackend:
         if self.model is None:
             if self.closed:  # its engine was closed before it was ever used: loading now would leak it
                 raise SpecllmError(f"{self.path.name} is closed (Engine.close freed it): load it again to use it")
-            self.model = self._load(self.path, self.options)
+            if self.error is not None:
+                raise self.error
+            try:
+                self._check_unchanged()
+                self.model = self._load(self.path, self.options)
+            except (SpecllmError, OSError, MemoryError) as exc:
+                self.error = exc if isinstance(exc, SpecllmError) else SpecllmError(f"{self.path}: {'out of memory' if isinstance(exc, MemoryError) else one_line(exc)}")
+                raise self.error from None
         return self.model
+
+    def _check_unchanged(self) -> None:
+        """The start checked this file's vocabulary against the target's: another file in its place
+        (a download finished meanwhile, a copy cut short) was never checked."""
+        if self._identity is None:  # not a file here (a test's loader): nothing to compare
+            return
+        now = _file_identity(self.path)
+        if now is None:
+            raise SpecllmError(f"{self.path}: the file is gone (removed since specllm started)")
+        if now != self._identity:
+            raise SpecllmError(f"{self.path}: the file changed since specllm started (its size or time)")
 
     def rewind(self, n_past: int) -> None:
         if self.model is not None:
@@ -550,6 +574,15 @@ class DeferredBackend:
         if name.startswith("_"):  # copying, pickling, an attribute not set yet: no reason to load
             raise AttributeError(name)
         return getattr(self.load(), name)
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """A file's size and modification time (None where it cannot be read)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_size, stat.st_mtime_ns
 
 
 @dataclass(frozen=True)

@@ -178,7 +178,8 @@ class Engine:
         if self.draft is not None:
             self.draft.rewind(0)
         if spec.strategy == "auto":
-            model = ModelDrafter(self.draft, spec.draft_p_min, self.target.n_vocab, self.target.is_eog) if self.draft else None
+            usable = self.draft is not None and self.draft.error is None  # a draft model that failed to load is not tried again
+            model = ModelDrafter(self.draft, spec.draft_p_min, self.target.n_vocab, self.target.is_eog) if usable else None
             drafter = auto_drafter(
                 self.learned_costs(),  # refined in place: what the passes teach it is kept (`keep_learned`)
                 self.max_batch - 1,

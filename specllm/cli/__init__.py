@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import io
 import os
-import signal
 import sys
 
 import typer
@@ -14,6 +13,7 @@ import typer
 from specllm.cli import bench_cmd, chat_cmd, models_cmd, run_cmd, serve_cmd  # noqa: E402,F401 - each registers its commands
 from specllm.cli.app import app
 from specllm.cli.common import utf8_streams
+from specllm.cli import interrupt
 from specllm.cli.interrupt import Terminated
 from specllm.errors import SpecllmError, UsageError, one_line
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     The command runs through click's make_context/invoke rather than click's (or Typer's) main,
     which would turn Ctrl-C into exit code 1 or 0 and a closed pipe into exit code 1.
     """
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    interrupt.install()  # SIGTERM: exit 143; a signal lost on the way (noted) still ends the command
     _stand_in_for_closed_streams()
     utf8_streams()  # every command's text, whatever the system's code page
     command = typer.main.get_command(app)
@@ -44,16 +44,19 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with command.make_context("specllm", args) as ctx:
             command.invoke(ctx)
+        interrupt.raise_pending()  # a Ctrl-C dropped where Python could not raise it (a finalizer): exit 130 all the same
     except typer.Exit as exc:
         _flush_stdout()
         sys.exit(exc.exit_code)
     except ClickException as exc:
         _usage_error(exc, _subcommand(command, args))
     except (KeyboardInterrupt, typer.Abort):
+        interrupt.handled()
         _quiet_stdout()
         print("Interrupted.", file=sys.stderr)
         sys.exit(130)
     except Terminated:
+        interrupt.handled()
         _quiet_stdout()
         print("Terminated.", file=sys.stderr)
         sys.exit(143)
@@ -135,10 +138,6 @@ def _stand_in_for_closed_streams() -> None:
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the process's life: what would go there is lost, as the user asked
     if sys.stdout is None:
         sys.stdout = _ClosedOutput()
-
-
-def _raise_terminated(signum, frame):  # noqa: ARG001
-    raise Terminated()
 
 
 def _flush_stdout() -> None:

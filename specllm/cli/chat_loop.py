@@ -42,7 +42,8 @@ from specllm.cli.display import (
     stream_reply,
     summary_text,
 )
-from specllm.cli.common import cost_curve
+from specllm.cli.common import cost_curve, draft_lost
+from specllm.cli import interrupt
 from specllm.cli.interrupt import StopOnSignal, Terminated
 from specllm.engine.stats import Stats
 from specllm.errors import SpecllmError, UsageError
@@ -84,6 +85,7 @@ class ChatLoop:
         self.unsent = 0  # messages refused (too long) or cut off by the input's end: a script's exit says so
         self.block = MultiLine()
         self.stopped_by: int | None = None  # the signal that stopped the last reply
+        self.draft_lost_said = False  # whether the chat said that the draft model could not be loaded
 
     # -- reading -------------------------------------------------------------------------
 
@@ -91,6 +93,7 @@ class ChatLoop:
         """Until /bye or the end of input. Ctrl-C at a terminal prompt only says how to leave."""
         while True:
             try:
+                interrupt.raise_pending()  # a Ctrl-C dropped between turns (a template's finalizer) is one at the prompt
                 line = read_line(CONTINUATION if self.block.open else PROMPT)
             except EOFError:
                 if self.interactive and self.block.open:  # Ctrl-D ends the block, as it ends a shell's here-document: sent
@@ -103,6 +106,7 @@ class ChatLoop:
             except KeyboardInterrupt:
                 if not self.interactive:
                     raise
+                interrupt.handled()
                 self.err.write("\n")
                 self.note("Multi-line message dropped." if self.block.cancel() else leave_hint())
                 continue
@@ -177,9 +181,13 @@ class ChatLoop:
             return
         if strategy == "auto" and not self._cost_curve():
             return
-        self.decoder = self.engine.decoder(strategy)  # clears the KV caches
+        try:
+            self.decoder = self.engine.decoder(strategy)  # clears the KV caches
+        except SpecllmError as exc:  # a draft model that failed to load when auto first used it
+            self.note(f"{exc}. Speculation stays {self.strategy}.")
+            return
         self.strategy = strategy
-        alone = strategy in ("auto", "ngram+draft") and self.engine.draft is None
+        alone = strategy in ("auto", "ngram+draft") and (self.engine.draft is None or getattr(self.engine.draft, "error", None) is not None)
         alone = " (no draft model loaded: the n-gram cache alone)" if alone else ""
         self.note(f"Speculation: {strategy}{alone}. The next turn reads the conversation again.")
 
@@ -192,6 +200,7 @@ class ChatLoop:
         except KeyboardInterrupt:
             if not self.interactive:
                 raise
+            interrupt.handled()
             self.err.write("\n")
             self.decoder = self.engine.decoder(self.strategy)  # the measuring used the target's cache: the next turn reads the conversation again
             self.note(f"Measuring stopped: speculation stays {self.strategy}.")
@@ -246,9 +255,10 @@ class ChatLoop:
             self.conversation.add("assistant", reply)
             self.replies += 1
             self.explain(reason)
-        if reason == "interrupted" and self.stopped_by == signal.SIGTERM:
+        # A signal during the reply's last step ends it as "length" or "stop", not "interrupted": it still counts.
+        if self.stopped_by == signal.SIGTERM:
             raise Terminated()  # after the step, the reply's line ended and kept, as `run` does (exit 143)
-        if reason == "interrupted" and not self.interactive:
+        if self.stopped_by is not None and not self.interactive:
             raise KeyboardInterrupt  # a script stops on Ctrl-C, as `run` does (exit 130)
 
     def tokens_so_far(self) -> int:
@@ -299,6 +309,7 @@ class ChatLoop:
         except KeyboardInterrupt:
             if not self.interactive:
                 raise
+            interrupt.handled()
             # A second Ctrl-C lands mid-step: the KV caches may not match the history, so start afresh.
             self.decoder = self.engine.decoder(self.strategy)
         self.stopped_by = stopper.received
@@ -311,6 +322,10 @@ class ChatLoop:
         self.out.flush()
         if self.summaries:
             self.note(summary_text(stats), dim=True)
+        lost = draft_lost(self.engine)
+        if lost and not self.draft_lost_said:
+            self.draft_lost_said = True
+            self.note(f"warning: {lost}")
         return reason, text
 
     # -- output --------------------------------------------------------------------------

@@ -113,6 +113,14 @@ def auto_draft(model: str, target_path, reg: catalog.Registry, progress):
     return choice.path
 
 
+def draft_lost(engine) -> str | None:
+    """What to say where `auto` could not load the draft model at its first use (it went on without it), or None."""
+    error = getattr(engine.draft, "error", None) if engine.draft is not None else None
+    if error is None:
+        return None
+    return f"the draft model could not be loaded at its first use; generation went on without it (the same text, perhaps slower): {error}"
+
+
 def warn(message: str) -> None:
     """One line on stderr, never wrapped, never read as markup (paths may hold brackets)."""
     if colour_allowed(sys.stderr):

@@ -96,6 +96,9 @@ def run(
     elif done.finish_reason == "length" and not quiet and _defaulted(context, "max_tokens"):
         # a limit the user did not choose must not cut a reply unnoticed (a file rewritten through a pipe)
         c.warn(f"stopped at {max_tokens} tokens, the default --max-tokens: the reply may be cut short (raise -n)")
+    lost = c.draft_lost(engine)
+    if lost:  # said even with --quiet: the run was not what was asked for
+        c.warn(lost)
     if done.finish_reason == "context" and not quiet:
         c.warn(f"stopped after {len(done.tokens)} tokens: the context of {engine.target.n_ctx} tokens is full (raise --ctx-size)")
     stopper.raise_if_stopped()  # Ctrl-C: exit 130; SIGTERM: exit 143 (the text and JSON are out)

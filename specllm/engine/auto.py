@@ -17,6 +17,7 @@ from specllm.engine.costmodel import CostModel
 from specllm.engine.drafters import Draft, ModelDrafter, NgramDrafter, max_softmax
 from specllm.engine.estimates import Beta
 from specllm.engine.policy import CostAwarePolicy
+from specllm.errors import SpecllmError
 
 
 class AutoDrafter:
@@ -29,6 +30,7 @@ class AutoDrafter:
         self._declined = None  # an n-gram proposal not drafted: (history length then, its tokens, their estimates)
         self._loading = 0.0  # seconds this step spent loading the draft model (deferred until its first use)
         self._asked = False  # whether this step asked for a proposal (the decoder asks none where there is no room)
+        self.model_error: SpecllmError | None = None  # why the draft model could not be loaded at its first use (then it is dropped)
 
     def propose(self, history, max_tokens, params, rng) -> Draft | None:
         self._asked = True
@@ -66,6 +68,8 @@ class AutoDrafter:
         if max_tokens <= n or self.ngram.ends_generation(copy.tokens[-1]):
             return copy  # no room left, or the copy ends the generation
         extension = self._propose_from_model(history + copy.tokens, max_tokens - n, params, rng, after=[key.mean for key in self._keys])
+        if extension is None:  # the draft model could not be loaded
+            return copy
         if not extension.tokens:
             return replace(copy, model_seconds=extension.model_seconds)
         self._model_from = n
@@ -77,7 +81,8 @@ class AutoDrafter:
 
     def _propose_from_model(self, history, max_tokens, params, rng, after: list[float] = ()) -> Draft | None:
         """The draft model's draft after `history` (which may end in an n-gram draft whose tokens'
-        estimates are `after`: they count in what each further token is worth)."""
+        estimates are `after`: they count in what each further token is worth); None where the
+        draft model could not be loaded."""
         acceptance: list[float] = list(after)
 
         def keep_going(confidence: float) -> bool:
@@ -95,7 +100,15 @@ class AutoDrafter:
             return not self._copy
 
         self._copy, self._model_drafted = None, 0
-        self._loading = self.model.load()  # a one-off, as at start: no part of what drafting costs
+        try:
+            self._loading = self.model.load()  # a one-off, as at start: no part of what drafting costs
+        except (SpecllmError, OSError, MemoryError) as exc:
+            # (deferred to here: the file removed or damaged since the start, memory taken by now) the
+            # generation goes on without it, lossless as ever; the front ends say why (`model_error`)
+            self.model_error = exc if isinstance(exc, SpecllmError) else SpecllmError(str(exc) or type(exc).__name__)
+            self.model = None
+            self.policy.observe_model_lost()
+            return None
         started = time.perf_counter()
         draft = self.model.propose(history, max_tokens, params, rng, keep_going=keep_going, look_further=look_further)
         seconds = time.perf_counter() - started

@@ -423,6 +423,11 @@ class CostAwarePolicy:
             if self.sure_target and self.budget is not None:
                 self.budget *= priors.SURE_TARGET_BUDGET  # consulted on the target's word, not to explore
 
+    def observe_model_lost(self) -> None:
+        """The draft model could not be loaded at its first use: plain decoding and n-gram drafts from here on."""
+        self.has_draft_model, self.sureness_may_pay = False, False
+        self.model_state = RETIRED
+
     @property
     def wants_target_sureness(self) -> bool:
         """Whether the target's top probability on the tokens it commits can still change a decision:
