@@ -50,7 +50,10 @@ def test_a_mixed_draft_is_one_drafted_pass_not_one_per_source():
     alpha = 5 / 6
     drafted = (1 - alpha**4) / (1 - alpha)
     expected = (2 * drafted + 1) / (2 * (3 * 0.1 + 2.0) + 1)
-    assert row["expected_speedup"] == pytest.approx(round(expected, 3)) == 1.288
+    assert row["expected_speedup_independent"] == pytest.approx(round(expected, 3)) == 1.288
+    # the measured acceptance by position (both drafts right at 1, one of two at 2, the 4-token one
+    # at 3): 1 + 1 + 0.5 + 1 = 3.5 tokens a drafted pass, as committed (8 tokens in 3 passes)
+    assert row["expected_speedup"] == pytest.approx(round((2 * 3.5 + 1) / (2 * (3 * 0.1 + 2.0) + 1), 3)) == 1.429
 
 
 def test_the_expected_speedup_counts_the_passes_that_drafted_nothing():
@@ -58,6 +61,7 @@ def test_the_expected_speedup_counts_the_passes_that_drafted_nothing():
     passes said 2.22x for a run of 98 plain passes and 2 sure 4-token drafts, which is about 1.05x."""
     prompt = Prompt("1", "qa", "hi")
     stats = Stats(tokens=110, committed=110, target_passes=100, seconds=10.0, drafted=8, accepted=8, draft_steps=2)
+    stats.per_position = [[2, 2]] * 4  # both drafts right at every position, as the reducer counts them
     off = Stats(tokens=110, committed=110, target_passes=110, seconds=11.0)
     runs = [Run(prompt, "off", 0, [1, 2, 3], list(range(110)), off), Run(prompt, "auto", 0, [1, 2, 3], list(range(110)), stats)]
     row = next(r for r in summarize(runs, COSTS, greedy=False) if r["strategy"] == "auto")

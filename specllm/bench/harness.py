@@ -19,6 +19,7 @@ from specllm.engine.costmodel import CostModel
 from specllm.engine.decode import Done
 from specllm.engine.sampling import SamplingParams
 from specllm.engine.stats import Stats
+from specllm.errors import SpecllmError, UsageError, one_line
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Run:
     tokens: list[int]
     stats: Stats
     text: str = ""
+    error: str | None = None  # why the run failed (its figures are left out, and its prompt's other runs with them)
 
 
 @dataclass
@@ -56,7 +58,35 @@ def run_bench(engine, prompts: list[Prompt], settings: BenchSettings) -> Iterato
                     decoder = decoders[strategy]
                 else:
                     decoder = decoders[strategy] = engine.decoder(strategy)
-                yield _one_run(decoder, prompt, strategy, repeat, tokens, settings)
+                run = _one_run(decoder, prompt, strategy, repeat, tokens, settings)
+                if run.error is not None:
+                    decoders.pop(strategy)  # a --warm decoder left mid-step starts afresh
+                yield run
+
+
+def _one_run(decoder, prompt, strategy, repeat, tokens, settings) -> Run:
+    """One generation; a failure of it (llama.cpp refusing a batch, out of memory for its KV cache)
+    is kept as a failed run, so the bench goes on with the others and reports what finished."""
+    stats, done = Stats(), None
+    rng = np.random.default_rng(settings.seed + repeat)
+    try:
+        for event in decoder.generate(tokens, settings.max_tokens, settings.params, rng):
+            stats.update(event)
+            if isinstance(event, Done):
+                done = event
+    except UsageError:
+        raise  # the same for every prompt: nothing to go on with
+    except SpecllmError as exc:
+        return Run(prompt, strategy, repeat, tokens, [], stats, "", error=one_line(exc))
+    return Run(prompt, strategy, repeat, tokens, done.tokens, stats, done.text)
+
+
+def without_failures(runs: list[Run]) -> tuple[list[Run], list[Run]]:
+    """The runs to compare and the failed ones. A failed run takes its prompt's runs of the same
+    repeat out with it: figures against off compare the same prompts, or they compare nothing."""
+    failed = [r for r in runs if r.error is not None]
+    dropped = {(r.prompt.id, r.repeat) for r in failed}
+    return [r for r in runs if (r.prompt.id, r.repeat) not in dropped], failed
 
 
 def _warm_up(engine, prompt: Prompt, settings: BenchSettings) -> None:
@@ -65,16 +95,6 @@ def _warm_up(engine, prompt: Prompt, settings: BenchSettings) -> None:
         decoder = engine.decoder(strategy)
         for _ in decoder.generate(tokens, 8, settings.params, np.random.default_rng(settings.seed)):
             pass
-
-
-def _one_run(decoder, prompt, strategy, repeat, tokens, settings) -> Run:
-    stats, done = Stats(), None
-    rng = np.random.default_rng(settings.seed + repeat)
-    for event in decoder.generate(tokens, settings.max_tokens, settings.params, rng):
-        stats.update(event)
-        if isinstance(event, Done):
-            done = event
-    return Run(prompt, strategy, repeat, tokens, done.tokens, stats, done.text)
 
 
 # -- figures ------------------------------------------------------------------------------
@@ -143,6 +163,7 @@ def _row(category, strategy, group, off, off_tok_s, oracle, costs, greedy) -> di
         "share_of_oracle": round(speedup / oracle, 3) if oracle and speedup else None,
     }
     row["expected_speedup"] = _expected(total, costs)
+    row["expected_speedup_independent"] = _expected(total, costs, independent=True)  # the textbook's α^(i+1), for reference
     return row
 
 
@@ -280,20 +301,36 @@ def _by_repeat(runs: list[Run]) -> dict[int, list[Run]]:
     return grouped
 
 
-def _expected(total: Stats, costs: CostModel | None) -> float | None:
-    """The textbook speedup from the measured acceptance, draft length and costs, over the run's
-    steps: its drafted passes at the formula's tokens and cost, its plain passes (no draft: `auto`
-    declining, the n-gram cache finding nothing) at one token for one pass."""
+def _expected(total: Stats, costs: CostModel | None, independent: bool = False) -> float | None:
+    """The speedup the textbook formula expects from the measured acceptance, draft length and costs,
+    over the run's steps: its drafted passes at the formula's tokens and cost, its plain passes (no
+    draft: `auto` declining, the n-gram cache finding nothing) at one token for one pass.
+
+    The tokens a drafted pass commits come from the measured acceptance at each draft position
+    (`expected_tokens`); `independent` takes the textbook's α^(i+1) instead, which assumes each token
+    accepted apart from the others and under-reads copies, accepted whole or not at all."""
     if not costs or not total.draft_steps or not total.drafted:
         return None
     gamma = total.drafted / total.draft_steps  # per pass that verified a draft (a mixed draft is one, not one per source)
     per_token_draft = total.draft_seconds / total.drafted
     c = per_token_draft / costs.verify(1)
     v = costs.relative(round(gamma) + 1)
-    drafting = expected_speedup(total.acceptance_rate, gamma, c, v)
-    steps, plain = total.draft_steps, total.undrafted_passes
     cost = gamma * c + v  # a drafted pass, in single passes
+    if independent:
+        drafting = expected_speedup(total.acceptance_rate, gamma, c, v)
+    else:
+        drafting = expected_tokens([a / d if d else 0.0 for d, a in total.per_position], gamma) / cost
+    steps, plain = total.draft_steps, total.undrafted_passes
     return round((steps * drafting * cost + plain) / (steps * cost + plain), 3)
+
+
+def expected_tokens(accepted_through: list[float], gamma: float) -> float:
+    """Tokens a pass verifying γ drafted tokens commits: 1 + Σ_{i<γ} a_i, a_i the measured share of
+    drafts reaching position i that were accepted through it (the textbook's α^(i+1); a fractional
+    γ takes that share of its last position)."""
+    whole = int(gamma)
+    shares = list(accepted_through) + [0.0] * (whole + 1)
+    return 1.0 + sum(shares[:whole]) + (gamma - whole) * shares[whole]
 
 
 def expected_speedup(alpha: float, gamma: float, c: float, v: float) -> float:
@@ -315,6 +352,17 @@ def oracle_speedup(off: list[Run], costs: CostModel, ngram_sizes=(2, 4)) -> floa
     plain = spent = 0.0
     max_draft = max(costs.batch_seconds) - 1
     for run in off:
-        plain += plain_cost(run.prompt_tokens, run.tokens, costs)
-        spent += oracle_cost(run.prompt_tokens, run.tokens, costs, ngram_sizes, max_draft)
+        decoded = _with_end(run)
+        plain += plain_cost(run.prompt_tokens, decoded, costs)
+        spent += oracle_cost(run.prompt_tokens, decoded, costs, ngram_sizes, max_draft)
     return plain / spent if spent else None
+
+
+END = -1  # the end-of-generation token, as the oracle sees it: never drafted (drafters stop before one), matching no token
+
+
+def _with_end(run: Run) -> list[int]:
+    """The tokens the run's passes chose: a generation the target ended chose its end token too, in
+    a pass of its own for plain decoding (off's passes are one more than its tokens) or as a step's
+    own token; the measured times include that pass, and so must the oracle's."""
+    return run.tokens + [END] if run.stats.finish_reason == "stop" else run.tokens

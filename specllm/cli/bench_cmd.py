@@ -14,11 +14,12 @@ from rich.console import Console
 from rich.table import Table
 
 from specllm.backend import system_info
-from specllm.bench.harness import BenchSettings, parting_points, run_bench, summarize, text_should_equal_off, undrafted_pass_ratio
+from specllm.bench.harness import BenchSettings, parting_points, run_bench, summarize, text_should_equal_off, undrafted_pass_ratio, without_failures
 from specllm.bench.workloads import load_prompts
 from specllm.cli import common as c
 from specllm.cli import options as o
 from specllm.cli.app import Command, app
+from specllm.cli import interrupt
 from specllm.cli.interrupt import Terminated
 from specllm.errors import SpecllmError, UsageError
 from specllm.session import STRATEGIES, SpecConfig
@@ -78,6 +79,10 @@ def bench(
     costs = c.cost_curve(engine)
     settings = BenchSettings(chosen, max_tokens, params, seed, repeats, warm)
     runs, stopped = _collect(engine, workload, settings)
+    runs, failed = without_failures(runs)
+    for run in failed:
+        c.warn(f"{run.strategy} failed on question_id {run.prompt.id} ({run.prompt.category}, repeat {run.repeat + 1}): {run.error}; "
+               "every strategy's run of that prompt and repeat is left out of the figures")  # fmt: skip
     engine.keep_learned()
     partial = stopped is not None
     learned = engine.learned_costs() if "auto" in chosen else costs
@@ -86,7 +91,7 @@ def bench(
     if rows:  # none where a stop came before any prompt was finished by every strategy
         out.print(_widen(out, _table(rows)))
         out.print(_bars(rows))
-    report = _report(engine, settings, costs, learned, rows, runs, workload, partial, prompts)
+    report = _report(engine, settings, costs, learned, rows, runs, workload, partial, prompts, failed)
     if report["undrafted_pass_ratio"] is not None:
         out.print(_noise_line(report["undrafted_pass_ratio"]))
     out.print(_curve_line(costs))
@@ -101,6 +106,8 @@ def bench(
         _plot(rows, plot, plot_format)
     if stopped is not None:
         raise stopped  # exit 130 or 143, once the partial results are out
+    if failed:
+        raise SpecllmError(f"{len(failed)} of {len(workload) * len(chosen) * repeats} runs failed (see the warnings); the figures leave their prompts out")
 
 
 def _strategies(text: str) -> list[str]:
@@ -128,10 +135,13 @@ def _collect(engine, workload, settings):
     with bar:
         task = bar.add_task("warming up", total=total)
         try:
+            interrupt.raise_pending()  # a signal dropped while measuring (noted): nothing to run
             for run in run_bench(engine, workload, settings):
+                interrupt.raise_pending()  # one dropped during this run (a template's finalizer): the run is cut, as it would have been
                 runs.append(run)
                 bar.update(task, advance=1, description=f"{run.prompt.category} {run.strategy} {run.stats.tok_per_s:.1f} tok/s")
         except (KeyboardInterrupt, Terminated) as stop:
+            interrupt.handled()  # raised again once the partial results are out
             said = "terminated" if isinstance(stop, Terminated) else "interrupted"
             kept = _complete_prompts(runs, settings.strategies)
             if kept:
@@ -284,7 +294,7 @@ def _parting_line(runs, exact: bool, greedy: bool) -> str | None:
     return f"exact kernels, yet {parted} of {compared} texts part from off's: a bug, please report it (with --json)"
 
 
-def _report(engine, settings, costs, learned, rows, runs, workload, partial, prompts_file) -> dict:
+def _report(engine, settings, costs, learned, rows, runs, workload, partial, prompts_file, failed=()) -> dict:
     parts = parting_points(runs, settings.params.greedy)
     return {
         "partial": partial,
@@ -324,6 +334,9 @@ def _report(engine, settings, costs, learned, rows, runs, workload, partial, pro
         "costs_learned_earlier_passes": engine.learned_before if learned is not costs else None,
         "results": rows,
         "undrafted_pass_ratio": undrafted_pass_ratio(runs),  # timing noise: runs that drafted nothing against off's
+        "failed": [  # runs that failed: their prompt's runs of that repeat are in no figure
+            {"prompt": r.prompt.id, "category": r.prompt.category, "strategy": r.strategy, "repeat": r.repeat, "error": r.error} for r in failed
+        ],
         "runs": [
             {"prompt": r.prompt.id, "category": r.prompt.category, "strategy": r.strategy, "repeat": r.repeat, **r.stats.to_dict(),
              "parts_from_off_at": parts.get(id(r))}  # fmt: skip
