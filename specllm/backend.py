@@ -557,9 +557,9 @@ class DeferredBackend:
             return
         now = _file_identity(self.path)
         if now is None:
-            raise SpecllmError(f"{self.path}: the file is gone (removed since specllm started)")
+            raise SpecllmError(f"{self.path}: the file is gone (removed since this process started)")
         if now != self._identity:
-            raise SpecllmError(f"{self.path}: the file changed since specllm started (its size or time)")
+            raise SpecllmError(f"{self.path}: the file changed since this process started (its size or time)")
 
     def rewind(self, n_past: int) -> None:
         if self.model is not None:

@@ -129,12 +129,15 @@ def reasoning_apart(messages: list[dict]) -> list[dict]:
     """Earlier answers of a thinking model as its template reads them, when a client sends them back
     with their <think> block: before the last user message the reasoning is dropped (Qwen3's, QwQ's
     and R1's templates drop it), after it (the steps of a tool loop) it goes as `reasoning_content`,
-    which Qwen3's template writes back in its block (a client's own `reasoning_content` stays)."""
+    which Qwen3's template writes back in its block. An answer sent with its own `reasoning_content`
+    (a chat's, a client's that reads ours) is told apart already: its content stays whole, as Qwen3's
+    template keeps it, so an answer about the tags ("close it with </think>") is not cut."""
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
     out = []
     for i, message in enumerate(messages):
         content = message.get("content")
-        if message.get("role") != "assistant" or not isinstance(content, str) or CLOSE not in content:
+        apart = isinstance(message.get("reasoning_content"), str)
+        if message.get("role") != "assistant" or not isinstance(content, str) or CLOSE not in content or apart:
             out.append(message)
             continue
         answer = content.split(CLOSE)[-1].lstrip("\n")
@@ -258,8 +261,9 @@ class Conversation:
         head = [{"role": "system", "content": self.system}] if self.system is not None else []  # "": no system prompt, not the template's default
         return head + self.messages
 
-    def add(self, role: str, content: str) -> None:
-        self.messages.append({"role": role, "content": content})
+    def add(self, role: str, content: str, reasoning: str | None = None) -> None:
+        """`reasoning`: a thinking model's, told apart from its answer `content` (which then stays whole)."""
+        self.messages.append({"role": role, "content": content} | ({"reasoning_content": reasoning} if reasoning is not None else {}))
 
     def withdraw(self) -> None:
         """Drop the last message (a user turn that got no reply)."""

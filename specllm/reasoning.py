@@ -66,6 +66,11 @@ class ThinkSplitter:
                 self._held = ""
         return pieces
 
+    @property
+    def reasoning_open(self) -> bool:
+        """Whether the text so far ends inside the thinking block (its </think> not come yet)."""
+        return self._state == "think"
+
     def finish(self) -> list[tuple[str, str]]:
         """What is held when the text ends: reasoning cut off by the token limit, or an answer of blanks."""
         held, self._held = self._held, ""

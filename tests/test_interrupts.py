@@ -185,7 +185,7 @@ def test_a_deferred_draft_model_removed_or_replaced_since_the_start_is_not_loade
     with pytest.raises(SpecllmError, match="the file is gone"):
         gone.load()
     path.write_bytes(b"GGUF" + bytes(50))
-    with pytest.raises(SpecllmError, match="the file changed since specllm started"):
+    with pytest.raises(SpecllmError, match="the file changed since this process started"):
         replaced.load()
 
 

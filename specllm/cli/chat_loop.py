@@ -242,7 +242,7 @@ class ChatLoop:
             self.refuse(prompt, target.n_ctx)
             return
         self.conversation.add("user", text)
-        reason, reply = self.reply(prompt)
+        reason, reply, reasoning = self.reply(prompt)
         if not reply and reason in ("interrupted", "context", "length"):
             self.conversation.withdraw()  # nothing to keep (a thinking model may have reasoned): the conversation stays as it was
             why, hint = {
@@ -252,9 +252,9 @@ class ChatLoop:
             }[reason]
             self.note(f"({why}; the message was not kept{'; ' + hint if hint else ''})")
         else:
-            self.conversation.add("assistant", reply)
+            self.conversation.add("assistant", reply, reasoning)  # the answer whole, its reasoning apart (see reasoning_apart)
             self.replies += 1
-            self.explain(reason)
+            self.explain(reason, bool(reasoning) and not reply)
         # A signal during the reply's last step ends it as "length" or "stop", not "interrupted": it still counts.
         if self.stopped_by == signal.SIGTERM:
             raise Terminated()  # after the step, the reply's line ended and kept, as `run` does (exit 143)
@@ -283,8 +283,11 @@ class ChatLoop:
             f"({held} so far + {len(prompt) - held} for this message) and the context holds {n_ctx}. " + hint
         )
 
-    def explain(self, reason: str) -> None:
-        if reason == "context":
+    def explain(self, reason: str, reasoning_alone: bool = False) -> None:
+        """Why a kept reply ended where it did; `reasoning_alone`: a thinking model's reply with no answer."""
+        if reason == "stop" and reasoning_alone:  # its end token in (or right after) its thinking block: stdout had nothing
+            self.note("(the model ended its reply with reasoning and no answer)")
+        elif reason == "context":
             n_ctx = self.engine.target.n_ctx
             self.note(f"(the context is full at {n_ctx} tokens: the reply was cut short and kept; {CLEAR_HINT})")
         elif reason == "length":
@@ -292,9 +295,9 @@ class ChatLoop:
         elif reason == "interrupted" and self.interactive:
             self.note("(interrupted; the partial reply is kept)")
 
-    def reply(self, prompt: list[int]) -> tuple[str, str]:
+    def reply(self, prompt: list[int]) -> tuple[str, str, str | None]:
         """Stream one reply to `out` (a thinking model's reasoning to stderr); returns (finish reason,
-        the answer: what the conversation keeps)."""
+        the answer: what the conversation keeps, a thinking model's reasoning: None for others)."""
         stats, done = Stats(), None
         live = LiveStatus(self.live)
         splitter = reasoning_splitter(self.engine.target, prompt)
@@ -326,7 +329,7 @@ class ChatLoop:
         if lost and not self.draft_lost_said:
             self.draft_lost_said = True
             self.note(f"warning: {lost}")
-        return reason, text
+        return reason, text, "".join(splitter.reasoning) if splitter.thinks else None
 
     # -- output --------------------------------------------------------------------------
 

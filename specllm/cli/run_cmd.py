@@ -81,9 +81,7 @@ def run(
         reply.finish()  # not after a hard stop (a second signal): the command ends at once, exit 130 or 143
     answer = "".join(splitter.content)
     if as_json:
-        result = _json_result(done, stats, engine, spec_config.strategy) | {"seed": seed}
-        if splitter.thinks:
-            result.update(text=answer, reasoning="".join(splitter.reasoning))
+        result = _json_result(done, stats, engine, spec_config.strategy, splitter) | {"seed": seed}
         print(json.dumps(result, ensure_ascii=False))
     elif answer and not answer.endswith("\n"):
         sys.stdout.write("\n")
@@ -93,6 +91,9 @@ def run(
         c.stderr.print(summary_text(stats), style="dim" if colour_allowed(sys.stderr) else None, soft_wrap=True)
     if splitter.thinks and not answer and done.finish_reason == "length" and not quiet:
         c.warn(f"stopped after {len(done.tokens)} tokens while the model was still reasoning, before any answer: raise --max-tokens, or --no-think")
+    elif splitter.thinks and not answer and splitter.reasoning and done.finish_reason == "stop" and not quiet:
+        # its end token inside (or right after) the block: stdout (a file) is empty, and that is not a failure of ours
+        c.warn(f"the model ended its reply {'while still reasoning' if splitter.reasoning_open else 'after its reasoning'}, with no answer")
     elif done.finish_reason == "length" and not quiet and _defaulted(context, "max_tokens"):
         # a limit the user did not choose must not cut a reply unnoticed (a file rewritten through a pipe)
         c.warn(f"stopped at {max_tokens} tokens, the default --max-tokens: the reply may be cut short (raise -n)")
@@ -110,9 +111,12 @@ def _defaulted(context: typer.Context, name: str) -> bool:
     return context.get_parameter_source(name).name == "DEFAULT"
 
 
-def _json_result(done: Done, stats: Stats, engine, strategy: str) -> dict:
+def _json_result(done: Done, stats: Stats, engine, strategy: str, splitter: ThinkSplitter) -> dict:
+    """`text` is the answer; `reasoning` a thinking model's reasoning ("" when it gave none), null for
+    a model that does not think (or `--raw`): the key is always there, whatever the model."""
     return {
-        "text": done.text,
+        "text": "".join(splitter.content),
+        "reasoning": "".join(splitter.reasoning) if splitter.thinks else None,
         "tokens": done.tokens,
         "finish_reason": done.finish_reason,
         "model": str(engine.target.path),

@@ -293,9 +293,10 @@ class _TextStream:
         return piece
 
     def flush(self) -> str:
-        piece = self._decoder.decode(b"", final=True)
-        self.text += piece
-        return piece
+        """The text's end: the bytes of a character the generation's end cut (a token limit inside a
+        character of several tokens) are dropped, not shown as "\\ufffd": the rest never comes."""
+        self._decoder.reset()
+        return ""
 
     def peek(self, tokens: list[int]) -> list[str]:
         """The pieces `push` would give for these tokens, the stream left as it was."""
