@@ -178,9 +178,24 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
 def draw(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     """sample(warp(logits, params), rng): the same token for the same uniform, from the tokens that
     survive the filters without a whole-vocabulary row of probabilities (a plain step's token)."""
-    keep, p = _warp_row(np.asarray(logits), params)
-    if keep.size > logits.size // 8:  # few filters: the whole row, as `sample` takes it
-        probs = np.zeros(logits.size)
+    keep, p = warp_support(np.asarray(logits), params)
+    return draw_from(keep, p, logits.size, rng)
+
+
+def warp_support(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """One row's warp(logits, params) as the tokens that survive the filters and their
+    probabilities (every other token's is 0), without the whole-vocabulary row."""
+    if params.greedy:
+        raise ValueError("warp_support() is for temperature > 0; use argmax at temperature 0")
+    return _warp_row(logits, params)
+
+
+def draw_from(keep: np.ndarray, p: np.ndarray, size: int, rng: np.random.Generator) -> int:
+    """sample(row, rng) for the row of `size` tokens that holds `p` at `keep` and 0 elsewhere: the same
+    token for the same uniform, without building the row where it is sparse (a token whose p is 0
+    is never drawn either way: its Gumbel score is -inf)."""
+    if keep.size > size // 8:  # few filters: the whole row, as `sample` takes it
+        probs = np.zeros(size)
         probs[keep] = p
         return sample(probs, rng)
     order = np.argsort(keep)  # by token id, as `sample` lists them
@@ -188,6 +203,11 @@ def draw(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+# splitmix64's finalizer's shifts and multipliers, as numpy scalars once (making them at every call
+# was a third of a draw's `pick`)
+_SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31))
+_FACTORS = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+_ELEVEN = np.uint64(11)
 
 
 def pick(tokens: np.ndarray, probs: np.ndarray, u: float) -> int:
@@ -199,16 +219,16 @@ def pick(tokens: np.ndarray, probs: np.ndarray, u: float) -> int:
     against single: 3.5% of draws differed, 1.9% by Gumbel-max; the argmax 1.4%)."""
     with np.errstate(over="ignore"):  # the hash multiplies modulo 2**64
         bits = _mix(np.uint64(int(u * 2**53)) ^ _mix(tokens.astype(np.uint64) + _GOLDEN))
-    uniforms = (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53 + 2.0**-54  # in (0, 1)
+    uniforms = (bits >> _ELEVEN).astype(np.float64) * 2.0**-53 + 2.0**-54  # in (0, 1)
     with np.errstate(divide="ignore"):  # a survivor whose probability underflowed to 0 (a low temperature): log -inf, never drawn
         return int(tokens[np.argmax(np.log(probs) - np.log(-np.log(uniforms)))])
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer: 64 well-mixed bits from 64."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    x = (x ^ (x >> _SHIFTS[0])) * _FACTORS[0]
+    x = (x ^ (x >> _SHIFTS[1])) * _FACTORS[1]
+    return x ^ (x >> _SHIFTS[2])
 
 
 def argmax(logits: np.ndarray) -> int:
