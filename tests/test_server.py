@@ -8,6 +8,7 @@ at teardown; every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import http.client
 import json
 import os
@@ -237,7 +238,8 @@ def exact_texts(truth: LlamaBackend, prompt: list[int], params: SamplingParams) 
     texts: dict[str, float] = {}
 
     def add(seq: list[int], p: float) -> None:
-        text = b"".join(truth.token_bytes(t) for t in seq).decode("utf-8", "replace")
+        # as the engine writes it: the bytes of a character the token limit cut are left out, not "\ufffd"
+        text = codecs.getincrementaldecoder("utf-8")("replace").decode(b"".join(truth.token_bytes(t) for t in seq))
         texts[text] = texts.get(text, 0.0) + p
 
     first = next_probs(truth, prompt, params)

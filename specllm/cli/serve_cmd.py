@@ -10,6 +10,7 @@ import typer
 
 from specllm.chat import thinking_variables
 from specllm.cli import common as c
+from specllm.cli import interrupt
 from specllm.cli import options as o
 from specllm.cli.app import Command, app
 from specllm.errors import SpecllmError, UsageError
@@ -71,6 +72,9 @@ def serve(
             print(f"specllm serve: {service.model_id} (spec {service.strategy}) on http://{shown}:{bound_port}/v1 "
                   "- Ctrl-C stops", file=sys.stderr, flush=True)  # fmt: skip
 
+        # a Ctrl-C (SIGTERM) dropped while loading, where Python could not raise it (a finalizer), noted
+        # by main's handler: honoured before serving, not served past and taken as a later signal's exit code
+        interrupt.raise_pending()
         try:
             server.serve_loaded(service, ready)
         finally:

@@ -45,7 +45,8 @@ class Service:
         # preset's target), the GGUF file's name
         self.names = {model_id, *aliases, engine.target.path.name, engine.target.path.stem}
         self.created = int(time.time())
-        self.worker = Worker(make_decoder or engine.decoder, queue_size)
+        draft = getattr(engine, "draft", None)  # a DeferredBackend keeps why its load at first use failed
+        self.worker = Worker(make_decoder or engine.decoder, queue_size, lambda: getattr(draft, "error", None))
 
     def check_name(self, name: str) -> None:
         if name not in self.names:

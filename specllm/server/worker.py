@@ -55,9 +55,11 @@ class Job:
 
 
 class Worker:
-    def __init__(self, make_decoder: Callable[[], Decoder], queue_size: int = 8):
+    def __init__(self, make_decoder: Callable[[], Decoder], queue_size: int = 8, draft_error: Callable[[], Exception | None] = lambda: None):
         self.make_decoder = make_decoder
         self.decoder = make_decoder()
+        self.draft_error = draft_error  # why `auto`'s draft model could not be loaded at its first use, or None
+        self.draft_lost_said = False
         self.queue_size = queue_size
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self.closing = threading.Event()
@@ -139,6 +141,17 @@ class Worker:
                     self._serve(job)
                 finally:
                     self.busy = False
+                    self._say_draft_lost()
+
+    def _say_draft_lost(self) -> None:
+        """Once, in the server's log: `auto` went on without a draft model that failed to load at its
+        first use (run and chat warn the same way); every request is served as before, without it."""
+        error = None if self.draft_lost_said else self.draft_error()
+        if error is not None:
+            self.draft_lost_said = True
+            # no formatter of the server's own: the line reads as `run`'s warnings do
+            log.warning("warning: the draft model could not be loaded at its first use; requests go on without it "
+                        "(the same texts, perhaps slower): %s", error)  # fmt: skip
 
     def _serve(self, job: Job) -> None:
         job.post("start", None)
