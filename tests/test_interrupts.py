@@ -37,14 +37,14 @@ from tests.cli_helpers import specllm_here
 from tests.fakes import FakeBackend, FakeEngine, reader
 
 
-def drop_a_ctrl_c() -> None:
-    """A real SIGINT, raised inside a generator's finalizer: Python reports it as unraisable and drops it."""
+def drop_a_ctrl_c(sig: int = signal.SIGINT) -> None:
+    """A real SIGINT (or `sig`), raised inside a generator's finalizer: Python reports it as unraisable and drops it."""
 
     def unfinished():
         try:
             yield
         finally:  # runs when the generator is collected; the handler runs inside pthread_kill, here
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            signal.pthread_kill(threading.main_thread().ident, sig)
 
     generator = unfinished()
     next(generator)
@@ -275,3 +275,41 @@ def test_sigterm_during_the_last_step_of_a_reply_at_a_terminal_ends_the_chat(ins
     with pytest.raises(interrupt.Terminated):
         loop.run(reader(["write code", "and more"]))
     assert loop.replies == 1
+
+
+class HardStopDropped:
+    """Wraps a fake target: at evaluation `at`, a Ctrl-C asks the reply to stop, then a second one
+    (the hard stop, `second`) lands in a finalizer, where Python drops it."""
+
+    def __init__(self, target, at, second=signal.SIGINT):
+        real = target.evaluate
+
+        def evaluate(tokens, rows, copy=True):
+            out = real(tokens, rows, copy)
+            if len(target.evaluations) == at:
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+                drop_a_ctrl_c(second)
+            return out
+
+        target.evaluate = evaluate
+
+
+def test_a_hard_stop_dropped_during_a_reply_at_a_terminal_is_no_ctrl_c_at_the_next_prompt(installed, capsys):
+    """The stop after the step served it: it stayed noted, and the next prompt took it for a Ctrl-C
+    of its own ("Use Ctrl-D or /bye to leave." under the reply)."""
+    engine = FakeEngine()
+    HardStopDropped(engine.target, at=2)
+    loop = ChatLoop(engine, Conversation(), ChatSettings(SamplingParams(temperature=0.0), 8), "off", out=io.StringIO(), interactive=True)
+    loop.run(reader(["write code"]))
+    assert loop.stopped_by == signal.SIGINT and interrupt.pending() is None
+    assert "to leave" not in capsys.readouterr().err
+
+
+def test_a_sigterm_dropped_as_the_hard_stop_of_a_reply_still_ends_the_chat(installed):
+    """The stop serves a dropped hard stop, and a SIGTERM still ends the command."""
+    engine = FakeEngine()
+    HardStopDropped(engine.target, at=2, second=signal.SIGTERM)
+    loop = ChatLoop(engine, Conversation(), ChatSettings(SamplingParams(temperature=0.0), 8), "off", out=io.StringIO(), interactive=True)
+    with pytest.raises(interrupt.Terminated):
+        loop.run(reader(["write code", "and more"]))
+    assert loop.replies == 1 and interrupt.pending() is None

@@ -202,6 +202,26 @@ def test_a_cache_that_is_a_file_is_said_to_be_one(tmp_path, monkeypatch, capsys,
     assert a_file.read_text() == "not a folder"
 
 
+def test_a_cache_under_a_folder_this_user_cannot_search_is_said_in_one_line(tmp_path, monkeypatch):
+    """A cache under another user's home: making it and looking into it fail alike (EACCES), and
+    Path.exists (Python < 3.13) raised that from the search for a file in the way: a raw OSError."""
+    theirs = tmp_path / "theirs"
+    real_stat, real_mkdir = os.stat, os.mkdir
+
+    def denied(real):
+        def wrapper(path, *args, **kwargs):
+            if theirs in (p := Path(os.fsdecode(path)), *p.parents):
+                raise PermissionError(errno.EACCES, "Permission denied", os.fsdecode(path))
+            return real(path, *args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(os, "stat", denied(real_stat))
+    monkeypatch.setattr(os, "mkdir", denied(real_mkdir))
+    with pytest.raises(SpecllmError, match=r"^cannot write to the model cache .*\(Permission denied\); make it writable"):
+        hub.make_folder(theirs / "cache" / "models")
+
+
 # ---------------------------------------------------------------- a part file a killed fetch left
 
 

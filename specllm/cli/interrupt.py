@@ -118,3 +118,10 @@ class StopOnSignal:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous = {}
+        hard_stops = [signum for signum in _noted if signum in self._signals]
+        if self.received is not None and hard_stops:
+            # a hard stop dropped (noted) while the stop was in force: the stop served it (left noted, a
+            # chat took it for a Ctrl-C at its next prompt); a SIGTERM among them still exits 143
+            _noted[:] = [signum for signum in _noted if signum not in self._signals]
+            if signal.SIGTERM in hard_stops:
+                self.received = signal.SIGTERM

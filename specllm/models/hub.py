@@ -224,7 +224,8 @@ def make_folder(folder: Path) -> None:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as exc:
-        blocking = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        # os.path's tests, not Path's: on Python < 3.13 Path.exists raises where a folder above cannot be searched
+        blocking = next((p for p in (folder, *folder.parents) if os.path.exists(p) and not os.path.isdir(p)), None)
         if blocking is not None:
             raise SpecllmError(f"cannot make the model cache {folder}: {blocking} is a file, not a folder "
                                "(SPECLLM_CACHE names the cache's folder)") from None  # fmt: skip
