@@ -388,6 +388,12 @@ class MultiLine:
     def starts(self, line: str) -> bool:
         return line.lstrip().startswith(self.QUOTES)
 
+    @classmethod
+    def wraps(cls, text: str) -> bool:
+        '''Whether `text` (a block pasted at once) is a whole `"""` block, opened and closed.'''
+        text = text.strip()
+        return len(text) >= 2 * len(cls.QUOTES) and text.startswith(cls.QUOTES) and text.endswith(cls.QUOTES)
+
     def feed(self, line: str) -> str | None:
         """The whole message when `line` completes one, else None (more lines wanted)."""
         if self._lines is None:

@@ -22,6 +22,7 @@ from specllm.errors import SpecllmError, UsageError
 from specllm.models import gguf, hfnames
 
 STRATEGIES = ("auto", "off", "ngram", "draft", "ngram+draft")
+DRAFT_STRATEGIES = ("draft", "ngram+draft", "auto")  # the strategies that load a draft model (where one is given)
 VOCAB_SIZE_TOLERANCE = 128  # as llama.cpp's speculative example allows
 VOCAB_CHECK_START = 5
 AUTO_MAX_BATCH = 32  # auto drafts up to AUTO_MAX_BATCH - 1 tokens: the calibrated range
@@ -51,7 +52,7 @@ class SpecConfig:
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.strategy in ("auto", "draft", "ngram+draft")
+        return self.strategy in DRAFT_STRATEGIES
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from specllm.cli import interrupt
 from specllm.cli.interrupt import StopOnSignal, Terminated
 from specllm.engine.stats import Stats
 from specllm.errors import SpecllmError, UsageError
-from specllm.session import STRATEGIES
+from specllm.session import DRAFT_STRATEGIES, STRATEGIES
 
 ReadLine = Callable[[str], str]  # returns a line without its newline; EOFError at the end
 PROMPT, CONTINUATION = ">>> ", "... "
@@ -77,6 +77,7 @@ class ChatLoop:
         self.out = out or sys.stdout
         self.interactive, self.live, self.summaries, self.colour = interactive, live, summaries, colour
         self.decoder = engine.decoder(strategy)
+        self.started_with = strategy  # off and ngram load no draft model, so /spec draft cannot use one
         self.think = think
         self.variables = thinking_variables(engine.target, think)  # --no-think: the template's switch
         self.rng = np.random.default_rng(settings.params.seed)
@@ -119,12 +120,13 @@ class ChatLoop:
 
     def handle(self, line: str) -> bool:
         """One line of input; False when the session should end."""
-        if self.block.open or self.block.starts(line):
+        pasted = "\n" in line and not self.block.open  # a block pasted at the prompt (bracketed paste)
+        if self.block.open or (self.block.starts(line) and (not pasted or MultiLine.wraps(line))):
             text = self.block.feed(line)
             if text is not None and text.strip():
                 self.send(text.strip("\n"))
             return True
-        if "\n" in line:  # a block pasted at the prompt (bracketed paste): one message, whatever its first word
+        if pasted:  # one message, whatever its first word or its first line's quotes (a module's docstring)
             if line.strip():
                 self.send(line.strip("\n"))
             return True
@@ -177,7 +179,9 @@ class ChatLoop:
             return
         strategy = args[0].lower()
         if strategy == "draft" and self.engine.draft is None:
-            self.note("No draft model is loaded: start the chat with --draft PATH or a preset that has one. (unchanged)")
+            start = ("start the chat with --draft PATH or a preset that has one" if self.started_with in DRAFT_STRATEGIES else
+                     f"a chat started with --spec {self.started_with} loads none; start it with --spec {'|'.join(DRAFT_STRATEGIES)}")
+            self.note(f"No draft model is loaded: {start}. Speculation stays {self.strategy}.")
             return
         if strategy == "auto" and not self._cost_curve():
             return
