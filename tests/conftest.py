@@ -7,6 +7,8 @@ models are the one thing shared: the test's cache holds links to them (plus copi
 `.verified` sidecars, so nothing is hashed again), and a link is replaced, never written through.
 After the session, `pytest_sessionfinish` fails the run if the user's cache or config folders gained
 or changed a file other than a verified model download (tests/user_files.py records them at startup).
+`process_signals` (autouse) puts back the SIGINT and SIGTERM handlers and `sys.unraisablehook` that
+`specllm.cli.main` installs in-process, and forgets any signal it noted and left unhandled.
 
 Calibration results (costs.json) are measured once per session per model set and configuration: a
 test starts with a copy of what earlier tests of this session measured, in its own folder, and what
@@ -27,6 +29,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -36,6 +39,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from specllm.backend import LoadOptions
+from specllm.cli import interrupt
 from specllm.engine import auto, decode, drafters
 from specllm.engine.costmodel import CostModel
 from specllm.models.store import resolve_model
@@ -89,6 +93,20 @@ def pytest_collection_modifyitems(config, items):
 def session_costs(tmp_path_factory) -> Path:
     """This session's calibrations (costs.json entries), shared between tests through copies."""
     return tmp_path_factory.mktemp("session-costs") / "costs.json"
+
+
+@pytest.fixture(autouse=True)
+def process_signals():
+    """The process as the test found it: `specllm.cli.main` installs its SIGINT and SIGTERM handlers
+    and an unraisable hook and leaves them (a command's process ends with it), and a signal it noted
+    and did not honour would stop the next test's generation at its start."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if _main_thread() else {}
+    hook = sys.unraisablehook
+    yield
+    interrupt.handled()
+    sys.unraisablehook = hook
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
 
 
 @pytest.fixture(autouse=True)

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from specllm.chat import encode_messages
+from specllm.engine.costmodel import CostModel
 from specllm.engine.decode import Decoder, Done, PrefillDone, StepDone, TokenCommitted, fixed_budget
 from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
 from specllm.engine.sampling import SamplingParams
@@ -28,6 +29,12 @@ class VirtualClock:
 
     def perf_counter(self) -> float:
         return self.now
+
+
+# A large GPU's curve (shaped like the machine files in ../shared/machines: batches nearly flat, a
+# draft step a tenth of a pass), so `auto` consults the draft model at once; for fakes on a VirtualClock.
+BIG_GPU = CostModel({1: 0.0294, 2: 0.0318, 4: 0.0353, 8: 0.0441, 16: 0.0426, 32: 0.047}, draft_seconds=0.0026,
+                    draft_token_seconds=0.0001)  # fmt: skip
 
 
 class FakeBackend:

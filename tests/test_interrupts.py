@@ -15,7 +15,6 @@ import io
 import json
 import shutil
 import signal
-import sys
 import threading
 
 import numpy as np
@@ -26,7 +25,6 @@ from specllm.chat import ChatSettings, Conversation
 from specllm.cli import bench_cmd, chat_loop, interrupt, run_cmd
 from specllm.cli.chat_loop import ChatLoop
 from specllm.engine.auto import AutoDrafter
-from specllm.engine.costmodel import CostModel
 from specllm.engine.decode import Decoder, generate_plain
 from specllm.engine.drafters import ModelDrafter, NgramDrafter
 from specllm.engine.policy import RETIRED, CostAwarePolicy
@@ -34,7 +32,7 @@ from specllm.engine.sampling import SamplingParams
 from specllm.errors import SpecllmError
 from specllm.session import Engine
 from tests.cli_helpers import specllm_here
-from tests.fakes import FakeBackend, FakeEngine, reader
+from tests.fakes import BIG_GPU, FakeBackend, FakeEngine, reader
 
 
 def drop_a_ctrl_c(sig: int = signal.SIGINT) -> None:
@@ -53,14 +51,9 @@ def drop_a_ctrl_c(sig: int = signal.SIGINT) -> None:
 
 @pytest.fixture
 def installed(isolated_home):  # after it: it sets the SIGINT handler a terminal gives
-    """specllm's own handlers, as `main` installs them, for a test that drives a chat loop directly (restored afterwards)."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}, sys.unraisablehook
+    """specllm's own handlers, as `main` installs them, for a test that drives a chat loop directly
+    (conftest's `process_signals` restores the process afterwards)."""
     interrupt.install()
-    yield
-    for sig, handler in saved[0].items():
-        signal.signal(sig, handler)
-    sys.unraisablehook = saved[1]
-    interrupt.handled()
 
 
 def dropping_first(function):
@@ -145,11 +138,6 @@ def test_a_ctrl_c_dropped_during_a_bench_run_stops_the_bench_there(home, tiny_pa
 
 
 # -- a draft model loaded at its first use, failing there ------------------------------------
-
-# A large GPU's curve: a draft step costs a tenth of a pass, so `auto` consults the draft model at once.
-BIG_GPU = CostModel({1: 0.0294, 2: 0.0318, 4: 0.0353, 8: 0.0441, 16: 0.0426, 32: 0.047}, draft_seconds=0.0026,
-                    draft_token_seconds=0.0001)  # fmt: skip
-
 
 def test_a_draft_model_that_fails_to_load_at_its_first_use_is_dropped_and_the_text_goes_on(virtual_clock):
     """The load raised out of the generation (a traceback, the text so far cut off): now the generation

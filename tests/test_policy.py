@@ -13,7 +13,7 @@ from specllm.engine.ngram import NgramProposal
 from specllm.engine import auto, priors
 from specllm.engine.policy import ACTIVE, COLD, RETIRED, CostAwarePolicy
 from specllm.engine.sampling import SamplingParams
-from tests.fakes import FakeBackend
+from tests.fakes import BIG_GPU, FakeBackend
 
 GPU = CostModel({k: 0.010 + 0.0001 * k for k in (1, 2, 4, 8, 16, 32)}, draft_seconds=0.002)
 # CPU-like: measured shape for a 1.5B model on 2 cores, with a cheap batch of 5.
@@ -66,12 +66,10 @@ def test_recovers_when_acceptance_returns():
 
 
 # Shaped like the machine files in ../shared/machines: a 2-core AVX2 CPU (batch of 2: 1.44 tokens,
-# the 0.5B draft 0.38 of a pass, reading a token in a batch 0.13) and a GPU with a large target
-# (batches nearly flat, the draft step 0.09 of a pass).
+# the 0.5B draft 0.38 of a pass, reading a token in a batch 0.13); BIG_GPU (tests/fakes.py) is a GPU
+# with a large target (batches nearly flat, the draft step 0.09 of a pass).
 AVX2 = CostModel({1: 0.083, 2: 0.120, 3: 0.156, 4: 0.203, 5: 0.241, 6: 0.230, 7: 0.268, 8: 0.348, 16: 0.454, 32: 1.04},
                  draft_seconds=0.032, draft_token_seconds=0.011)  # fmt: skip
-BIG_GPU = CostModel({1: 0.0294, 2: 0.0318, 4: 0.0353, 8: 0.0441, 16: 0.0426, 32: 0.047}, draft_seconds=0.0026,
-                    draft_token_seconds=0.0001)  # fmt: skip
 
 
 def _start(policy, prompt_length=300, tokens_left=128):

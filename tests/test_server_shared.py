@@ -22,8 +22,7 @@ from specllm.engine.decode import Decoder
 from specllm.engine.sampling import SamplingParams
 from specllm.server.app import Service
 from specllm.session import Engine, ModelPaths, SpecConfig
-from tests.fakes import Scripted
-from tests.test_interrupts import BIG_GPU
+from tests.fakes import BIG_GPU, Scripted
 from tests.test_reasoning import QWEN3, text_of
 from tests.test_reply_output import FRAKTUR, Forced
 from tests.test_server import N_CTX, WAIT, client, running, serve_process
@@ -43,6 +42,27 @@ def post(url: str, path: str, body: dict) -> tuple[int, str]:
         return response.status, response.read().decode("utf-8")
     finally:
         connection.close()
+
+
+def health(url: str) -> dict:
+    """/health's answer (status, busy, queued)."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=WAIT)
+    try:
+        connection.request("GET", "/health")
+        return json.loads(connection.getresponse().read())
+    finally:
+        connection.close()
+
+
+def wait_for(condition, what: str) -> None:
+    """Poll until `condition()` holds (bounded): the order of events, not a sleep's length."""
+    import time
+
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
 
 
 def events(body: str) -> list[dict]:
@@ -183,7 +203,6 @@ def test_a_second_signal_with_requests_in_flight_ends_the_server_cleanly_with_ex
     """The second signal aborts the running request (its stream ends with an error event), the
     waiting one gets 503; the process exits 0 with its two lines, no traceback or "Exception ignored"."""
     import threading
-    import time
 
     target, draft = tiny_pair
     with serve_process("-m", str(target), "--draft", str(draft), "--spec", "ngram+draft", "-c", str(N_CTX), "-t", "1") as (process, url):
@@ -194,10 +213,11 @@ def test_a_second_signal_with_requests_in_flight_ends_the_server_cleanly_with_ex
         waiting = []
         thread = threading.Thread(target=lambda: waiting.append(post(url, "/v1/completions", {"prompt": "x", "max_tokens": 4})))
         thread.start()
-        time.sleep(0.3)
-        for signum in signals:
-            process.send_signal(signum)
-            time.sleep(0.3)  # two signals at once may arrive as one
+        wait_for(lambda: health(url)["queued"] == 1, "the second request to wait in the queue")
+        first, second = signals
+        process.send_signal(first)
+        wait_for(lambda: waiting, "the waiting request's 503: the first signal taken")  # two at once may arrive as one
+        process.send_signal(second)
         with pytest.raises(openai.APIError, match="cut short"):
             list(chunks)
         thread.join(WAIT)
