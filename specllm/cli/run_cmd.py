@@ -16,8 +16,9 @@ from specllm.cli import options as o
 from specllm.cli.app import Command, app
 from specllm.cli.display import LiveStatus, ReasoningWriter, ReplyWriter, TokenWriter, colour_allowed, stream_reply, summary_text, use_colour
 from specllm.cli.interrupt import StopOnSignal
-from specllm.engine.decode import Done, check_prompt_fits
+from specllm.engine.decode import Done, TokenCommitted, check_prompt_fits
 from specllm.engine.stats import Stats
+from specllm.errors import SpecllmError, one_line
 from specllm.reasoning import ThinkSplitter
 from specllm.session import SpecConfig
 
@@ -77,15 +78,23 @@ def run(
     with StopOnSignal(terminate=True) as stopper, LiveStatus(live_enabled) as live:
         reply = ReplyWriter(splitter, writer, ReasoningWriter(live), shown=not as_json)
         events = engine.decoder().generate(tokens, max_tokens, params, np.random.default_rng(seed), stop=stopper.requested)
-        done = stream_reply(events, reply, live, stats)
+        committed: list[int] = []
+        try:
+            done = stream_reply(_noting(events, committed), reply, live, stats)
+        except SpecllmError as exc:  # a pass that failed mid-generation (llama.cpp out of memory): what came is kept
+            failure, done = exc, Done("error", committed)
+        else:
+            failure = None
         reply.finish()  # not after a hard stop (a second signal): the command ends at once, exit 130 or 143
     answer = "".join(splitter.content)
     if as_json:
-        result = _json_result(done, stats, engine, spec_config.strategy, splitter) | {"seed": seed}
+        result = _json_result(done, stats, engine, spec_config.strategy, splitter) | {"seed": seed, "error": failure and one_line(failure)}
         print(json.dumps(result, ensure_ascii=False))
     elif answer and not answer.endswith("\n"):
         sys.stdout.write("\n")
     sys.stdout.flush()
+    if failure is not None:
+        raise failure  # after the text (and JSON) so far: one line on stderr, exit 1
     engine.keep_learned()  # after the text and JSON are out
     if not quiet and (sys.stderr.isatty() or verbose):
         c.stderr.print(summary_text(stats), style="dim" if colour_allowed(sys.stderr) else None, soft_wrap=True)
@@ -103,6 +112,15 @@ def run(
     if done.finish_reason == "context" and not quiet:
         c.warn(f"stopped after {len(done.tokens)} tokens: the context of {engine.target.n_ctx} tokens is full (raise --ctx-size)")
     stopper.raise_if_stopped()  # Ctrl-C: exit 130; SIGTERM: exit 143 (the text and JSON are out)
+
+
+def _noting(events, committed: list[int]):
+    """The events, each committed token's id added to `committed` on the way (what a generation that
+    fails midway has generated)."""
+    for event in events:
+        if isinstance(event, TokenCommitted) and event.token >= 0:
+            committed.append(event.token)
+        yield event
 
 
 def _defaulted(context: typer.Context, name: str) -> bool:
