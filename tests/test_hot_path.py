@@ -77,8 +77,9 @@ def test_lazy_rows_give_the_whole_rows_verdicts(params):
 
 def test_lazy_rows_warp_each_row_once_and_only_rows_reached():
     logits = _rows(np.random.default_rng(3), 4)
-    rows = verify_module._WarpedRows(logits, SamplingParams(temperature=0.9))
-    assert rows.probability(1, 5) == rows[1][5]
+    params = SamplingParams(temperature=0.9)
+    rows = verify_module._WarpedRows(logits, params)
+    assert rows.probability(1, 5) == warp(logits[1], params)[5]
     assert rows.support(1) is rows.support(1)
     assert sorted(rows._support) == [1]
 

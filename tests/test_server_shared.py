@@ -26,22 +26,10 @@ from tests.fakes import BIG_GPU, Scripted
 from tests.test_reasoning import QWEN3, text_of
 from tests.test_reply_output import FRAKTUR, Forced
 from tests.test_server import N_CTX, WAIT, client, running, serve_process
-from tests.test_server_infill import FIM_EDITS
+from tests.test_server_infill import FIM_EDITS, raw_body
 from tests.tiny_gguf import write_tiny_gguf
 
 OPTIONS = LoadOptions(n_ctx=N_CTX, n_threads=1)
-
-
-def post(url: str, path: str, body: dict) -> tuple[int, str]:
-    """Status and body text of a POST (a stream read to its end)."""
-    host, port = url.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=WAIT)
-    try:
-        connection.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-        response = connection.getresponse()
-        return response.status, response.read().decode("utf-8")
-    finally:
-        connection.close()
 
 
 def health(url: str) -> dict:
@@ -153,7 +141,7 @@ def test_a_character_cut_by_max_tokens_is_in_no_answer_whole_or_streamed(cut_ser
     answers = []
     for stream in (False, True):
         forced.rows = 0  # the script from its start
-        status, text = post(url, path, {**body, "stream": stream})
+        status, text = raw_body(url, path, {**body, "stream": stream})
         assert status == 200, text
         assert "\ufffd" not in text and "\\ufffd" not in text
         answers.append(text)
@@ -211,7 +199,7 @@ def test_a_second_signal_with_requests_in_flight_ends_the_server_cleanly_with_ex
         chunks = iter(stream)
         next(chunks)  # its turn came
         waiting = []
-        thread = threading.Thread(target=lambda: waiting.append(post(url, "/v1/completions", {"prompt": "x", "max_tokens": 4})))
+        thread = threading.Thread(target=lambda: waiting.append(raw_body(url, "/v1/completions", {"prompt": "x", "max_tokens": 4})))
         thread.start()
         wait_for(lambda: health(url)["queued"] == 1, "the second request to wait in the queue")
         first, second = signals

@@ -102,10 +102,9 @@ class AutoDrafter:
         self._copy, self._model_drafted = None, 0
         try:
             self._loading = self.model.load()  # a one-off, as at start: no part of what drafting costs
-        except (SpecllmError, OSError, MemoryError) as exc:
-            # (deferred to here: the file removed or damaged since the start, memory taken by now) the
-            # generation goes on without it, lossless as ever; the front ends say why (`model_error`)
-            self.model_error = exc if isinstance(exc, SpecllmError) else SpecllmError(str(exc) or type(exc).__name__)
+        except SpecllmError as exc:  # (`DeferredBackend`: the file removed or damaged since the start, memory taken by now)
+            # the generation goes on without it, lossless as ever; the front ends say why (`model_error`)
+            self.model_error = exc
             self.model = None
             self.policy.observe_model_lost()
             return None

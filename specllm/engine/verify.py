@@ -102,12 +102,6 @@ class _WarpedRows:
         self.logits, self.params = logits, params
         self._support: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-    def __getitem__(self, i: int) -> np.ndarray:
-        keep, p = self.support(i)
-        row = np.zeros(self.logits.shape[-1])
-        row[keep] = p
-        return row
-
     def support(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Row i as the tokens with any probability and theirs (`warp_support`)."""
         if i not in self._support:
@@ -115,18 +109,18 @@ class _WarpedRows:
         return self._support[i]
 
     def probability(self, i: int, token: int) -> float:
-        """self[i][token]."""
+        """warp(logits[i])[token]."""
         keep, p = self.support(i)
         at = np.flatnonzero(keep == token)
         return float(p[at[0]]) if at.size else 0.0
 
     def draw(self, i: int, rng: np.random.Generator) -> int:
-        """A token from row i, as sample(self[i], rng) draws it, without the whole row."""
+        """A token from row i, as sample(warp(logits[i]), rng) draws it, without the whole row."""
         keep, p = self.support(i)
         return draw_from(keep, p, self.logits.shape[-1], rng)
 
     def draw_residual(self, i: int, q_row: np.ndarray, token: int, rng: np.random.Generator) -> int:
-        """sample(residual(self[i], q_row, token), rng): max(0, p - q) is 0 wherever p is."""
+        """sample(residual(warp(logits[i]), q_row, token), rng): max(0, p - q) is 0 wherever p is."""
         keep, p = self.support(i)
         out = np.maximum(p - q_row[keep], 0.0)
         total = out.sum()
