@@ -164,7 +164,9 @@ DATA = Path(__file__).resolve().parent / "data"
 # at 3.36, 32 at 4.73); and the same Xeon with `--exact`'s batch-invariant kernels, the steepest
 # (16 at 5.99, 32 at 11.8); then a 2-core AMD EPYC of the Zen 2 family (AVX2), as its first run
 # calibrated it and as one bench's passes refined it (dearer batches beside one token: 2 at 1.64
-# tokens, 16 at 7.32), and calibrated again that evening on a steady machine (2 at 1.45, 16 at 6.56).
+# tokens, 16 at 7.32), and calibrated again that evening on a steady machine (2 at 1.45, 16 at 6.56);
+# then another 2-core Xeon, whose VM shows AVX-512 but no AMX (llama.cpp's repacked AVX-512 layouts):
+# a batch of 3 dearer than 4 (1.94 and 1.62 tokens), 16 at 3.94, the draft step 0.54 of a pass.
 # Last, a 7B-shaped target (`scripts/gguf_twin.py`) with the 0.5B on the 2-core
 # AVX2 EPYC: a pass 0.21 s, the draft step 0.12 of one, the only curve where the draft model pays
 # but not at its prior (it needs about 0.8 acceptance), so only a target sure of itself brings it in.
@@ -181,6 +183,7 @@ CHECKED_CURVES = (
     "epyc-zen2-avx2-2core-2026-12-06.json",
     "epyc-zen2-avx2-2core-2026-12-06-learned.json",
     "epyc-zen2-avx2-2core-2026-12-06-evening.json",
+    "xeon-avx512-2core-2026-12-07.json",
 )
 CPU_CURVES = (*CHECKED_CURVES, "xeon-amx-2core-2026-12-05.json")
 CURVES = (*CPU_CURVES, "flat-gpu-synthetic.json", SEVEN_B)
