@@ -58,3 +58,63 @@ def test_spec_draft_in_a_chat_that_loads_one_but_has_none_names_the_draft_option
     loop, _ = terminal_loop("auto")
     loop.run(reader(["/spec draft"]))
     assert "start the chat with --draft PATH or a preset that has one" in capsys.readouterr().err
+
+
+FAILURE = "llama.cpp failed to evaluate a batch of 4 tokens (status 1)"
+
+
+@pytest.fixture
+def first_reply_fails(monkeypatch):
+    """The first generation fails once `after` tokens have come (0: its prefill fails); later ones do not."""
+    from specllm.engine.decode import Decoder, TokenCommitted
+    from specllm.errors import SpecllmError
+
+    plain, calls, after = Decoder.generate, [], [3]
+
+    def generate(self, *args, **kwargs):
+        calls.append(1)
+        committed = 0
+        if len(calls) == 1 and after[0] == 0:
+            raise SpecllmError(FAILURE)
+        for event in plain(self, *args, **kwargs):
+            if len(calls) == 1 and isinstance(event, TokenCommitted) and event.token >= 0:
+                committed += 1
+                if committed > after[0]:
+                    raise SpecllmError(FAILURE)
+            yield event
+
+    monkeypatch.setattr(Decoder, "generate", generate)
+    return after
+
+
+def test_a_reply_that_fails_midway_keeps_its_text_and_the_chat_goes_on(first_reply_fails, capsys):
+    """A target pass failing mid-reply (llama.cpp out of memory) ended the whole chat: now what came is
+    shown and kept, as after a Ctrl-C, one note says why, and the next message is answered by a fresh
+    decoder (the failed pass may have left the KV caches short of the history)."""
+    loop, out = terminal_loop()
+    loop.run(reader(["Hello", "Again"]))
+    partial = reference_reply([{"role": "user", "content": "Hello"}], 3)
+    messages = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": partial}]
+    assert [m["content"] for m in loop.conversation.messages] == ["Hello", partial, "Again", reference_reply([*messages, {"role": "user", "content": "Again"}], 5)]
+    assert out.getvalue().startswith(partial + "\n")
+    assert f"(the reply failed: {FAILURE}; the partial reply is kept;" in capsys.readouterr().err
+    assert len(loop.engine.strategies) == 2 and loop.failure is None
+
+
+def test_a_reply_that_fails_before_its_first_token_is_not_kept(first_reply_fails, capsys):
+    first_reply_fails[0] = 0
+    loop, out = terminal_loop()
+    loop.run(reader(["Hello", "Again"]))
+    assert [m["content"] for m in loop.conversation.messages][0] == "Again" and len(loop.conversation.messages) == 2
+    assert f"(the reply failed: {FAILURE}; the message was not kept;" in capsys.readouterr().err
+
+
+def test_a_script_ends_at_a_failed_reply_after_its_text(first_reply_fails):
+    """As `run` does: the text so far, its line ended, then the error (main: one line, exit 1)."""
+    from specllm.errors import SpecllmError
+
+    out = io.StringIO()
+    loop = ChatLoop(FakeEngine(), Conversation(), ChatSettings(SamplingParams(temperature=0.0), 5), "ngram", out=out)
+    with pytest.raises(SpecllmError, match="failed to evaluate"):
+        loop.run(reader(["Hello", "Again"]))
+    assert out.getvalue() == reference_reply([{"role": "user", "content": "Hello"}], 3) + "\n"

@@ -46,7 +46,7 @@ from specllm.cli.common import cost_curve, draft_lost
 from specllm.cli import interrupt
 from specllm.cli.interrupt import StopOnSignal, Terminated
 from specllm.engine.stats import Stats
-from specllm.errors import SpecllmError, UsageError
+from specllm.errors import SpecllmError, UsageError, one_line
 from specllm.session import DRAFT_STRATEGIES, STRATEGIES
 
 ReadLine = Callable[[str], str]  # returns a line without its newline; EOFError at the end
@@ -87,6 +87,7 @@ class ChatLoop:
         self.block = MultiLine()
         self.stopped_by: int | None = None  # the signal that stopped the last reply
         self.draft_lost_said = False  # whether the chat said that the draft model could not be loaded
+        self.failure: SpecllmError | None = None  # why the reply in hand failed (a target pass), until said
 
     # -- reading -------------------------------------------------------------------------
 
@@ -247,6 +248,9 @@ class ChatLoop:
             return
         self.conversation.add("user", text)
         reason, reply, reasoning = self.reply(prompt)
+        if reason == "error":
+            self.failed(reply, reasoning)
+            return
         if not reply and reason in ("interrupted", "context", "length"):
             self.conversation.withdraw()  # nothing to keep (a thinking model may have reasoned): the conversation stays as it was
             why, hint = {
@@ -264,6 +268,21 @@ class ChatLoop:
             raise Terminated()  # after the step, the reply's line ended and kept, as `run` does (exit 143)
         if self.stopped_by is not None and not self.interactive:
             raise KeyboardInterrupt  # a script stops on Ctrl-C, as `run` does (exit 130)
+
+    def failed(self, reply: str, reasoning: str | None) -> None:
+        """A target pass failed mid-reply (llama.cpp out of memory for a batch): what came is kept, as
+        after a Ctrl-C. A script ends there (one line, exit 1, as `run` does); at a terminal the chat
+        goes on, from a fresh decoder, and the user may try again, shorten the conversation or leave."""
+        failure, self.failure = self.failure, None
+        if reply:
+            self.conversation.add("assistant", reply, reasoning)
+            self.replies += 1
+        else:
+            self.conversation.withdraw()
+        if not self.interactive:
+            raise failure
+        kept = "the partial reply is kept" if reply else "the message was not kept"
+        self.note(f"(the reply failed: {one_line(failure)}; {kept}; {CLEAR_HINT} if it fails again)")
 
     def tokens_so_far(self) -> int:
         messages = self.conversation.all_messages()
@@ -319,9 +338,12 @@ class ChatLoop:
             interrupt.handled()
             # A second Ctrl-C lands mid-step: the KV caches may not match the history, so start afresh.
             self.decoder = self.engine.decoder(self.strategy)
+        except SpecllmError as exc:  # a target pass that failed: the caches may not match the history either
+            self.failure = exc
+            self.decoder = self.engine.decoder(self.strategy)
         self.stopped_by = stopper.received
         reply.finish()
-        reason = done.finish_reason if done is not None else "interrupted"
+        reason = "error" if self.failure is not None else done.finish_reason if done is not None else "interrupted"
         text = "".join(reply.written)
         self.out.write("" if text.endswith("\n") or not text else "\n")
         if self.interactive and _isatty(self.out):
