@@ -19,7 +19,7 @@ from datetime import datetime
 
 from specllm.engine.sampling import SamplingParams
 from specllm.errors import UsageError
-from specllm.reasoning import CLOSE, OPEN, ThinkSplitter, template_thinks
+from specllm.reasoning import CLOSE, HARMONY, OPEN, HarmonySplitter, ThinkSplitter, template_thinks
 
 
 def encode_raw(backend, text: str) -> list[int]:
@@ -159,13 +159,15 @@ def thinking_variables(backend, think: bool) -> dict | None:
     return None  # it only strips earlier turns' reasoning (Qwen3's 2507 Instruct): nothing to turn off
 
 
-def reasoning_splitter(backend, prompt: list[int]) -> ThinkSplitter:
+def reasoning_splitter(backend, prompt: list[int]) -> ThinkSplitter | HarmonySplitter:
     """What tells the reply to `prompt` into reasoning and answer: where the model's template thinks,
-    by the tags (the prompt's end says whether the block is open already); else all answer."""
+    by the tags or by harmony's channels (gpt-oss; the prompt's end says whether the block or the
+    message is open already); else all answer."""
     template = _template(backend)
     if template is None or not template.thinks:
         return ThinkSplitter(thinks=False)
-    return ThinkSplitter(b"".join(backend.token_bytes(t) for t in prompt[-16:]).decode("utf-8", "replace"))
+    tail = b"".join(backend.token_bytes(t) for t in prompt[-16:]).decode("utf-8", "replace")
+    return HarmonySplitter(tail) if template.thinks == HARMONY else ThinkSplitter(tail)
 
 
 def _template(backend) -> "ChatTemplate | None":
