@@ -154,6 +154,8 @@ def thinking_variables(backend, think: bool) -> dict | None:
         return None
     if template.can_stop_thinking:
         return {"enable_thinking": False}
+    if template.thinks == HARMONY:  # gpt-oss: its template's reasoning_effort only shortens the analysis
+        raise UsageError(f"--no-think: {backend.path.name} (gpt-oss's harmony format) reasons in every answer and has no switch to answer at once")
     if template.opens_thinking:  # R1's, QwQ's: every answer begins inside a thinking block
         raise UsageError(f"--no-think: the chat template of {backend.path.name} opens a thinking block in every answer and has no switch to answer at once")
     return None  # it only strips earlier turns' reasoning (Qwen3's 2507 Instruct): nothing to turn off

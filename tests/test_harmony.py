@@ -15,7 +15,8 @@ import os
 import pytest
 
 from specllm.backend import LoadOptions
-from specllm.chat import ChatTemplate, reasoning_splitter
+from specllm.chat import ChatTemplate, reasoning_splitter, thinking_variables
+from specllm.errors import UsageError
 from specllm.reasoning import CONTENT, HARMONY, REASONING, TAGS, HarmonySplitter
 from specllm.server.app import Service
 from specllm.session import Engine, ModelPaths, SpecConfig
@@ -176,3 +177,11 @@ def test_serve_gives_the_analysis_as_reasoning_content_whole_and_streamed(engine
     deltas = [c.choices[0].delta for c in chunks]
     assert "".join(d.content or "" for d in deltas) == "The answer is 4."
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "We need to add two and two."
+
+
+def test_no_think_is_refused_in_one_line_for_gpt_oss(engine):
+    """gpt-oss reasons in every answer (its template's `reasoning_effort` shortens the analysis, no
+    more): `--no-think` said nothing and changed nothing; now it is refused, as for R1's template."""
+    with pytest.raises(UsageError, match="harmony format.* reasons in every answer and has no switch"):
+        thinking_variables(engine.target, think=False)
+    assert thinking_variables(engine.target, think=True) is None
