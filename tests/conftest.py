@@ -49,6 +49,9 @@ from tests.fakes import VirtualClock
 from tests.tiny_gguf import TINY_VOCAB, write_tiny_gguf
 from tests.user_files import USER_CACHE, USER_ENV, builtin_registry, user_files, user_files_changed
 
+# Helpers that assert as the test modules they came from did: pytest explains their failures too.
+pytest.register_assert_rewrite("tests.lossless_helpers", "tests.server_helpers")
+
 DRAFT_NOISE = 0.1  # the tiny draft's weights: the target's plus this much noise (partial agreement)
 REAL_MODEL_FIXTURES = {"smollm2_path", "qwen_pair", "qwen_engine"}
 COMPACT_VOCAB = 4096  # the generated tokenizer's control tokens, bytes and merges (under 900), then fillers

@@ -24,32 +24,12 @@ from specllm.bench.workloads import Prompt, load_prompts
 from specllm.errors import SpecllmError
 from specllm.cli import app
 from specllm.engine.costmodel import LEARNING_RATE, CostModel, measure_costs
-from specllm.engine.decode import Decoder, fixed_budget
-from specllm.engine.drafters import NgramDrafter
 from specllm.engine.sampling import SamplingParams
 from specllm.engine.stats import SourceStats, Stats
+from tests.bench_helpers import FakeEngine, fake_matplotlib
 from tests.cli_helpers import assert_one_error, specllm_here
-from tests.fakes import FakeBackend
-from tests.test_faults import fake_matplotlib
 
 COSTS = CostModel({1: 0.1, 2: 0.15, 4: 0.2, 8: 0.3})
-
-
-class FakeEngine:
-    def __init__(self):
-        self.target = FakeBackend(seed=0)
-        self.created: list[str] = []
-
-    def encode(self, text: str) -> list[int]:
-        return self.target.tokenize(text)
-
-    def decoder(self, strategy):
-        self.created.append(strategy)
-        self.target.rewind(0)
-        drafter = None if strategy == "off" else NgramDrafter(1, 3)
-        return Decoder(self.target, drafter, fixed_budget(4))
-
-
 PROMPTS = [Prompt(str(i), cat, text) for i, (cat, text) in enumerate([("a", "abcabcab"), ("a", "hello"), ("b", "xyzxyz")])]
 
 

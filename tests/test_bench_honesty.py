@@ -12,8 +12,8 @@ from specllm.engine.drafters import NgramDrafter
 from specllm.engine.sampling import SamplingParams
 from specllm.engine.stats import SourceStats, Stats
 from specllm.errors import SpecllmError
+from tests.bench_helpers import FakeEngine
 from tests.cli_helpers import specllm_here
-from tests.test_bench import FakeEngine
 
 COSTS = CostModel({k: 0.1 + 0.01 * (k - 1) for k in range(1, 10)})
 

@@ -30,6 +30,7 @@ from specllm.cli.interrupt import Terminated
 from specllm.errors import SpecllmError
 from specllm.models import hub, wheels
 from specllm.models.catalog import Mirror
+from tests.bench_helpers import fake_matplotlib
 from tests.cli_helpers import ROOT, assert_one_error, cache_leftovers, specllm_here
 from tests.wheels import DATA, build_wheel, chunked_wheels, entry_for, leftovers
 
@@ -342,35 +343,6 @@ def run_main(argv: list[str]) -> int:
         return exc.code
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def fake_matplotlib(monkeypatch) -> None:
-    """Just enough matplotlib for `bench --plot`: savefig writes bytes to the path, as the real one does."""
-    axes = types.SimpleNamespace(bar=lambda *a, **k: None, axhline=lambda *a, **k: None, set_xticks=lambda *a, **k: None,
-                                 set_ylabel=lambda *a, **k: None, legend=lambda *a, **k: None)  # fmt: skip
-
-    filetypes = {"png": "Portable Network Graphics", "svg": "Scalable Vector Graphics"}
-
-    def savefig(path, format=None):  # as matplotlib's: without a format, the suffix's, or PNG at PATH.png
-        path = str(path)
-        if format is None:
-            format = os.path.splitext(path)[1][1:] or "png"
-            path += "" if os.path.splitext(path)[1] else ".png"
-        if format not in filetypes:
-            raise ValueError(f"Format {format!r} is not supported (supported formats: {', '.join(filetypes)})")
-        with open(path, "wb") as out:
-            out.write(b"\x89PNG" + bytes(100_000))
-
-    figure = types.SimpleNamespace(tight_layout=lambda: None, savefig=savefig)
-    pyplot = types.ModuleType("matplotlib.pyplot")
-    pyplot.subplots = lambda **kwargs: (figure, axes)
-    backend_bases = types.ModuleType("matplotlib.backend_bases")
-    backend_bases.FigureCanvasBase = types.SimpleNamespace(get_supported_filetypes=lambda: filetypes)
-    matplotlib = types.ModuleType("matplotlib")
-    matplotlib.use, matplotlib.pyplot, matplotlib.backend_bases = (lambda backend: None), pyplot, backend_bases
-    monkeypatch.setitem(sys.modules, "matplotlib", matplotlib)
-    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
-    monkeypatch.setitem(sys.modules, "matplotlib.backend_bases", backend_bases)
 
 
 @pytest.fixture

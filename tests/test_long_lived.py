@@ -155,7 +155,7 @@ def test_clients_that_leave_mid_stream_are_noticed_and_leave_no_log_lines():
 
     from specllm.server.app import Service
     from tests.fakes import Scripted
-    from tests.test_server import running, until
+    from tests.server_helpers import running, until
 
     pieces = 20_000
     target = types.SimpleNamespace(path=types.SimpleNamespace(name="fake.gguf", stem="fake"), n_ctx=4096, n_vocab=300,

@@ -19,77 +19,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specllm.backend import LlamaBackend, LoadOptions
+from specllm.backend import LlamaBackend
 from specllm.chat import encode_messages
 from specllm.engine.auto import AutoDrafter
 from specllm.engine.costmodel import CostModel
 from specllm.engine.decode import Decoder, Done, StepDone, fixed_budget, generate_plain
-from specllm.engine.drafters import ChainDrafter, ModelDrafter, NgramDrafter
-from specllm.engine.sampling import SamplingParams, warp
+from specllm.engine.sampling import SamplingParams
 from specllm.errors import SpecllmError
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.conftest import DEFAULT_PAIR_COSTS
 from tests.fakes import LogitsRecorder, Priced
+from tests.lossless_helpers import TINY, make_drafter, repeating_prompt, sequence_distribution, tiny_models  # noqa: F401 - fixtures
 from tests.stat_helpers import chi_square_pvalue
 from tests.tiny_gguf import write_tiny_gguf
 
-TINY = LoadOptions(n_ctx=256, n_threads=1, n_gpu_layers=0)
-
 # -- (a) temperature > 0 on tiny models ---------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_models(compact_pair):
-    target, draft = (LlamaBackend(path, TINY) for path in compact_pair)
-    truth = LlamaBackend(compact_pair[0], TINY)  # a separate copy computes the exact distribution
-    yield target, draft, truth
-    for model in (target, draft, truth):
-        model.close()
-
-
-def _next_probs(model: LlamaBackend, context: list[int], params: SamplingParams) -> np.ndarray:
-    model.rewind(0)
-    return warp(model.evaluate(context, [len(context) - 1])[0], params)
-
-
-@pytest.fixture(scope="module")
-def repeating_prompt(tiny_models):
-    """`S y S`: the n-gram cache proposes y, chosen so that the target gives y a middling probability."""
-    _, _, truth = tiny_models
-    params = SamplingParams(temperature=1.5, top_k=3, top_p=1.0, min_p=0.0)
-    head = truth.tokenize("def add(a, b):")
-    candidates = np.argsort(-_next_probs(truth, head, params))[:3]
-    scored = [(float(_next_probs(truth, head + [int(y)] + head, params)[y]), int(y)) for y in candidates]
-    p_y, y = max(scored)
-    assert 0.1 < p_y < 0.9, f"the n-gram proposal should be accepted sometimes, rejected sometimes: {scored}"
-    return head + [y] + head
-
-
-def _exact_distribution(truth: LlamaBackend, prompt: list[int], length: int, params: SamplingParams) -> dict:
-    """P(generated tokens) by walking every continuation the warping allows (an EOG ends a sequence)."""
-    dist: dict[tuple, float] = {}
-
-    def walk(seq: tuple, prob: float) -> None:
-        if len(seq) == length:
-            dist[seq] = dist.get(seq, 0.0) + prob
-            return
-        probs = _next_probs(truth, prompt + list(seq), params)
-        for token in np.flatnonzero(probs):
-            if truth.is_eog(int(token)):
-                dist[seq] = dist.get(seq, 0.0) + prob * probs[token]
-            else:
-                walk(seq + (int(token),), prob * probs[token])
-
-    walk((), 1.0)
-    return dist
-
-
-def _drafter(kind: str, draft: LlamaBackend, n_vocab: int):
-    if kind == "ngram":
-        return NgramDrafter(1, 3)
-    draft.rewind(0)  # a ModelDrafter starts from an empty KV cache (Engine.decoder does the same)
-    model = ModelDrafter(draft, p_min=0.0, n_vocab=n_vocab)
-    return model if kind == "draft" else ChainDrafter([NgramDrafter(1, 3), model])
 
 
 @pytest.mark.parametrize(
@@ -99,8 +43,8 @@ def _drafter(kind: str, draft: LlamaBackend, n_vocab: int):
 def test_sampled_sequences_follow_the_target_distribution(tiny_models, repeating_prompt, kind, length, top_k, samples):
     target, draft, truth = tiny_models
     params = SamplingParams(temperature=1.5, top_k=top_k, top_p=1.0, min_p=0.0)
-    expected = _exact_distribution(truth, repeating_prompt, length, params)
-    decoder = Decoder(target, _drafter(kind, draft, target.n_vocab), fixed_budget(4))
+    expected = sequence_distribution(truth, repeating_prompt, length, params)
+    decoder = Decoder(target, make_drafter(kind, draft, target.n_vocab), fixed_budget(4))
     rng = np.random.default_rng(1234)
     outcomes, steps = [], Counter()
     for _ in range(samples):

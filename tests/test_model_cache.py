@@ -20,7 +20,7 @@ import pytest
 from specllm import filelock
 from specllm.errors import SpecllmError
 from specllm.models import hub, wheels
-from tests.test_hf_hub import home, local_hub, tiny  # noqa: F401 - fixtures: a local stand-in for the hub
+from tests.hub_helpers import home, local_hub, tiny  # noqa: F401 - fixtures: a local stand-in for the hub
 from tests.wheels import DATA, chunked_wheels, entry_for, leftovers
 
 try:
@@ -273,7 +273,7 @@ def test_a_part_begun_before_the_hubs_file_changed_is_downloaded_again_whole(hom
     next run, the resumed bytes are two files' and fail the check. That run refused the hub's (good)
     file, "nothing was cached", where one download from the start gets it."""
     from specllm.models import store
-    from tests.test_hf_hub import REPO
+    from tests.hub_helpers import REPO
 
     folder = home / "cache" / "models" / "hf" / REPO
     folder.mkdir(parents=True)

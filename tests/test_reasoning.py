@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -22,10 +21,10 @@ from specllm.server.app import Service
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.cli_helpers import assert_one_error, specllm_here
 from tests.fakes import Scripted
-from tests.test_server import TINY, client, raw, running
+from tests.reply_helpers import QWEN3, text_of
+from tests.server_helpers import TINY, client, raw, running
 from tests.tiny_gguf import write_tiny_gguf
 
-QWEN3 = (Path(__file__).parent / "data" / "qwen3-chat-template.jinja").read_text()
 # As DeepSeek-R1's distillations' templates: the generation prompt opens the block, no switch to close it
 R1 = (
     "{% for message in messages %}{% set content = message.content %}{% if '</think>' in content %}"
@@ -108,11 +107,6 @@ def engine(thinker):
     engine = Engine(ModelPaths(thinker), SpecConfig("off"), TINY, TINY)
     yield engine
     engine.close()
-
-
-def text_of(engine, tokens) -> str:
-    """The prompt's text as the model reads it, control tokens (<|im_start|>) left out."""
-    return b"".join(engine.target.token_bytes(t) for t in tokens).decode("utf-8", "replace")
 
 
 def test_no_think_closes_the_block_in_the_prompt_and_the_answer_starts_at_once(engine):

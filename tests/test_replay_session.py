@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from tests.fim_helpers import FIM_EDITS, ROOMY
+from tests.replay_data import CURVES, DATA
 from tests.script_loader import load_script
-from tests.test_replay_script import CURVES, DATA
-from tests.test_server_infill import FIM_EDITS, ROOMY
 from tests.tiny_gguf import write_tiny_gguf
 
 # The recordings (`about` in each says how they were made): an editor's completions through

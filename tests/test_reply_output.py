@@ -1,9 +1,9 @@
 """What `run` and `chat` print of a reply: its text on stdout, whole characters only, and a thinking
 model's reasoning kept apart (tests/test_reasoning.py has the rest of that).
 
-`Forced` makes a tiny model (or a fake) write a chosen sequence of tokens through the real decode
-loop, so the text is built from token bytes as with a real model: a character of several tokens
-can be cut by the token limit.
+`Forced` (tests/reply_helpers.py) makes a tiny model (or a fake) write a chosen sequence of tokens
+through the real decode loop, so the text is built from token bytes as with a real model: a
+character of several tokens can be cut by the token limit.
 """
 
 from __future__ import annotations
@@ -19,27 +19,7 @@ from specllm.engine.sampling import SamplingParams
 from specllm.session import Engine
 from tests.cli_helpers import specllm_here
 from tests.fakes import FakeBackend
-
-FRAKTUR = "𝔘𝔫"  # two characters of four bytes each: each is four tokens of a byte-level vocabulary
-
-
-class Forced:
-    """A backend whose logit rows pick `script`'s tokens in turn (and then token `after`), whatever
-    the context; the rest (tokenizer, KV cache, token bytes) is `inner`'s."""
-
-    def __init__(self, inner, script: list[int], after: int = 0):
-        self.inner, self.script, self.after, self.rows = inner, list(script), after, 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def evaluate(self, tokens, rows, copy=True):
-        self.inner.evaluate(tokens, rows, copy)
-        out = np.full((len(rows), self.inner.n_vocab), -10.0, dtype=np.float32)
-        for row in range(len(rows)):
-            out[row, self.script[self.rows] if self.rows < len(self.script) else self.after] = 10.0
-            self.rows += 1
-        return out
+from tests.reply_helpers import FRAKTUR, Forced
 
 
 class Bytes(FakeBackend):
@@ -101,7 +81,7 @@ def test_run_and_chat_write_no_replacement_character_for_a_character_the_limit_c
 
 @pytest.fixture(scope="module")
 def thinker(tiny_dir):
-    from tests.test_reasoning import QWEN3
+    from tests.reply_helpers import QWEN3
     from tests.tiny_gguf import write_tiny_gguf
 
     return write_tiny_gguf(tiny_dir / "tiny-qwen3-output.gguf", 0, chat_template=QWEN3)

@@ -25,6 +25,7 @@ from specllm.engine.policy import CostAwarePolicy
 from specllm.engine.sampling import InvalidSampling, SamplingParams, argmax, draw, sample, warp
 from specllm.engine.verify import residual, verify, verify_sampled
 from tests.fakes import FakeBackend
+from tests.lossless_helpers import make_drafter, repeating_prompt, sequence_distribution, tiny_models  # noqa: F401 - fixtures
 from tests.stat_helpers import chi_square_pvalue, exact_distribution
 
 V, LENGTH = 5, 3
@@ -233,10 +234,6 @@ def test_the_python_api_samples_without_a_generator():
 
 # -- through llama.cpp: every filter at once on the tiny GGUF pair --------------------------------
 
-from tests.test_lossless_real import _drafter as _tiny_drafter  # noqa: E402
-from tests.test_lossless_real import _exact_distribution as _tiny_distribution  # noqa: E402
-from tests.test_lossless_real import repeating_prompt, tiny_models  # noqa: E402, F401 - fixtures
-
 
 @pytest.mark.parametrize("kind", ["draft", "ngram+draft"])
 def test_llama_cpp_rows_under_every_filter_follow_the_target(tiny_models, repeating_prompt, kind):  # noqa: F811
@@ -244,8 +241,8 @@ def test_llama_cpp_rows_under_every_filter_follow_the_target(tiny_models, repeat
     and min-p all cut the target's and the draft model's rows, a batch's rows against one token's."""
     target, draft, truth = tiny_models
     params = SamplingParams(temperature=1.5, top_k=6, top_p=0.8, min_p=0.1)
-    expected = _tiny_distribution(truth, repeating_prompt, 2, params)
-    decoder = Decoder(target, _tiny_drafter(kind, draft, target.n_vocab), fixed_budget(4))
+    expected = sequence_distribution(truth, repeating_prompt, 2, params)
+    decoder = Decoder(target, make_drafter(kind, draft, target.n_vocab), fixed_budget(4))
     rng = np.random.default_rng(99)
     outcomes, steps = [], Counter()
     for _ in range(2000):

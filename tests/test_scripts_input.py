@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
+from tests.replay_data import DATA
 from tests.script_loader import SCRIPTS, load_script
-from tests.test_replay_script import DATA
 
 CURVE = str(DATA / "zen3-avx2-2core.json")
 

@@ -11,15 +11,11 @@ import asyncio
 import codecs
 import http.client
 import json
-import os
-import re
-import select
 import signal
 import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 import numpy as np
@@ -36,47 +32,11 @@ from specllm.server.app import Service, create_app
 from specllm.server.endings import StopText
 from specllm.server.run import Server, listen
 from specllm.session import Engine, ModelPaths, SpecConfig
+from tests.server_helpers import N_CTX, TINY, WAIT, client, raw, running, serve_process, tiny_engine, until
 from tests.stat_helpers import chi_square_pvalue
 
-N_CTX = 2048
-TINY = LoadOptions(n_ctx=N_CTX, n_threads=1, n_gpu_layers=0)
-WAIT = 60  # seconds: the bound on every wait
 SAMPLES = 600  # temperature > 0 check: requests of 2 tokens, each after a different one
 CODE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
-
-
-def tiny_engine(tiny_pair, strategy: str = "ngram+draft") -> Engine:
-    return Engine(ModelPaths(*tiny_pair), SpecConfig(strategy), TINY, TINY)
-
-
-@contextmanager
-def running(service: Service, api_key: str | None = None):
-    """The server in a thread on a free port; yields its base URL and stops it (bounded) at the end."""
-    server = Server(service, listen("127.0.0.1", 0), api_key=api_key)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + WAIT
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    host, port = server.address
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(WAIT)
-        assert not thread.is_alive(), "the server did not stop"
-
-
-def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=WAIT)
-
-
-def until(condition, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 @pytest.fixture(scope="module")
@@ -353,18 +313,6 @@ BAD = {  # name: (path, body as sent, status, the param or code the error names)
 }
 
 
-def raw(url: str, method: str, path: str, body: object = None) -> tuple[int, dict]:
-    host, port = url.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=WAIT)
-    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-    try:
-        connection.request(method, path, body=data, headers={"Content-Type": "application/json"})
-        response = connection.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        connection.close()
-
-
 def test_values_openai_clients_send_that_specllm_reads_its_own_way(tiny_server):
     """`top_p: 0` keeps the most likely token only (the greedy text); `seed: -1` is a random seed."""
     url, _ = tiny_server
@@ -590,23 +538,6 @@ def test_an_editors_list_of_stop_strings_is_read_whole(tiny_server):
 
 
 # -- the command: signals and the exit code ------------------------------------------------------
-
-
-@contextmanager
-def serve_process(*args, env: dict | None = None):
-    command = [sys.executable, "-m", "specllm", "serve", "--port", "0", *args]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "NO_COLOR": "1", **(env or {})})
-    try:
-        ready, _, _ = select.select([process.stderr], [], [], WAIT)  # the first line names the address
-        assert ready, "the server printed nothing"
-        line = process.stderr.readline()
-        found = re.search(r"http://([\d.]+):(\d+)/v1", line)
-        assert found, line + process.stderr.read() if process.poll() is not None else line
-        yield process, f"http://{found.group(1)}:{found.group(2)}"
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(WAIT)
 
 
 def test_the_signal_handler_leaves_the_job_queue_to_the_event_loop(tiny_pair):

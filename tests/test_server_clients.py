@@ -19,7 +19,7 @@ from specllm.backend import LoadOptions
 from specllm.server import parsing
 from specllm.server.app import Service
 from specllm.session import Engine, ModelPaths, SpecConfig
-from tests.test_server import WAIT, raw, running
+from tests.server_helpers import WAIT, raw, running
 
 N_CTX = 256  # small, so that a request without a limit runs to the context's end in a moment
 SMALL = LoadOptions(n_ctx=N_CTX, n_threads=1, n_gpu_layers=0)

@@ -17,7 +17,6 @@ import types
 import numpy as np
 import pytest
 
-from specllm.backend import LoadOptions
 from specllm.chat import INFILL_ANSWER, INFILL_BATCH, encode_repo_infill
 from specllm.engine.decode import Decoder, fixed_budget, generate_plain
 from specllm.engine.drafters import NgramDrafter, common_prefix
@@ -28,18 +27,10 @@ from specllm.server.app import Service
 from specllm.server.endings import IndentCut, StopText, find_filtered_end
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.fakes import FakeBackend, Scripted
-from tests.test_server import TINY, WAIT, raw, running
-from tests.tiny_gguf import write_tiny_gguf
+from tests.fim_helpers import EXTRA, PREFIX, ROOMY, SUFFIX, fim_engine, fim_model  # noqa: F401 - fixtures
+from tests.server_helpers import TINY, WAIT, raw, raw_body, running
 
-# Three of the tiny tokenizer's unused control tokens renamed as StarCoder's FIM tokens, which
-# llama.cpp finds by their text; it has <repo_name> and <file_sep> already.
-FIM_EDITS = {7: "<fim_prefix>", 8: "<fim_suffix>", 9: "<fim_middle>"}
-PREFIX = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return "
-SUFFIX = "\n\n\nprint(add(1, 2), sub(3, 4))\n"
-EXTRA = [{"filename": "stack.py", "text": "class Stack:\n    def push(self, item):\n        self.items.append(item)\n"}]
 FILES = [(chunk["filename"], chunk["text"]) for chunk in EXTRA]
-# Other files go where the context has room beside llama.cpp's batch of 2048 and the answer.
-ROOMY = LoadOptions(n_ctx=4096, n_threads=1, n_gpu_layers=0)
 GREEDY_PARAMS = SamplingParams(temperature=0.0)
 
 
@@ -179,18 +170,6 @@ def test_a_draft_is_not_verified_past_the_line_that_ends_an_editors_completion()
 # -- over HTTP -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def fim_model(tiny_dir):
-    return write_tiny_gguf(tiny_dir / "tiny-fim.gguf", 0, token_edits=FIM_EDITS, n_ctx_train=ROOMY.n_ctx)
-
-
-@pytest.fixture(scope="module")
-def fim_engine(fim_model):
-    engine = Engine(ModelPaths(fim_model), SpecConfig("ngram"), ROOMY, ROOMY)
-    yield engine
-    engine.close()
-
-
 def infill(url: str, body: dict) -> dict:
     status, answer = raw(url, "POST", "/infill", body)
     assert status == 200, answer
@@ -318,17 +297,6 @@ VIM_REQUEST = {"id_slot": 0, "input_prefix": "def f():\n    return ", "input_suf
                "input_extra": [{"text": "x = 1\n", "time": 1733000000.5, "filename": "a.py"}], "stop": [], "n_indent": 4,
                "top_k": 40, "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True,
                "t_max_prompt_ms": 500, "t_max_predict_ms": 1000 * WAIT, "response_fields": VIM_FIELDS}  # fmt: skip
-
-
-def raw_body(url: str, path: str, body: dict) -> tuple[int, str]:
-    host, port = url.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=WAIT)
-    try:
-        connection.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-        response = connection.getresponse()
-        return response.status, response.read().decode()
-    finally:
-        connection.close()
 
 
 def test_llama_vims_request_gets_an_answer_that_llama_vim_reads(fim_engine):

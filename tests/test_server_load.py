@@ -19,8 +19,8 @@ from specllm.backend import LoadOptions
 from specllm.server import body as body_module
 from specllm.server.app import Service
 from specllm.session import Engine, ModelPaths, SpecConfig
-from tests.test_server import WAIT, raw, running, until
-from tests.test_server_infill import EXTRA, PREFIX, SUFFIX, fim_engine, fim_model  # noqa: F401 - fixtures
+from tests.fim_helpers import EXTRA, PREFIX, SUFFIX, fim_engine, fim_model  # noqa: F401 - fixtures
+from tests.server_helpers import WAIT, raw, running, until
 
 N_CTX = 512
 SMALL = LoadOptions(n_ctx=N_CTX, n_threads=1, n_gpu_layers=0)

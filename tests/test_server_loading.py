@@ -12,7 +12,7 @@ import pytest
 
 from specllm.server.app import Service
 from specllm.server.run import listen, loading
-from tests.test_server import WAIT, raw, tiny_engine, until
+from tests.server_helpers import WAIT, raw, tiny_engine, until
 
 
 def get(url: str, path: str) -> tuple[int, dict, dict]:

@@ -23,10 +23,9 @@ from specllm.engine.sampling import SamplingParams
 from specllm.server.app import Service
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.fakes import BIG_GPU, Scripted
-from tests.test_reasoning import QWEN3, text_of
-from tests.test_reply_output import FRAKTUR, Forced
-from tests.test_server import N_CTX, WAIT, client, running, serve_process
-from tests.test_server_infill import FIM_EDITS, raw_body
+from tests.fim_helpers import FIM_EDITS
+from tests.reply_helpers import FRAKTUR, QWEN3, Forced, text_of
+from tests.server_helpers import N_CTX, WAIT, client, raw_body, running, serve_process
 from tests.tiny_gguf import write_tiny_gguf
 
 OPTIONS = LoadOptions(n_ctx=N_CTX, n_threads=1)

@@ -21,7 +21,7 @@ from specllm.server.tools import OPEN
 from specllm.server.app import Service
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.fakes import Scripted
-from tests.test_server import TINY, client, raw, running
+from tests.server_helpers import TINY, client, raw, running
 from tests.tiny_gguf import write_tiny_gguf
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",

@@ -513,7 +513,7 @@ def test_the_server_sends_system_messages_to_a_model_whose_template_has_no_syste
     leaves it out)."""
     from specllm.server.app import Service
     from specllm.session import ModelPaths, SpecConfig
-    from tests.test_server import TINY, client, running
+    from tests.server_helpers import TINY, client, running
 
     template, tokens, _ = FAMILIES[name]
     path = write_tiny_gguf(tmp_path / f"{name}.gguf", 0, n_layers=1, chat_template=template, token_edits=tokens)
