@@ -22,7 +22,7 @@ from specllm.server.app import Service
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.cli_helpers import specllm_here
 from tests.fakes import Scripted
-from tests.test_server import client, running
+from tests.server_helpers import client, running
 from tests.tiny_gguf import write_tiny_gguf
 
 TINY = LoadOptions(n_ctx=2048, n_threads=1, n_gpu_layers=0)
