@@ -236,3 +236,29 @@ def reader(items):
         return item
 
     return read
+
+
+PASS_FAILURE = "llama.cpp failed to evaluate a batch of 4 tokens (status 1)"
+
+
+def fail_generations(monkeypatch, after: int, first_only: bool = False) -> None:
+    """Every generation (only the first, with `first_only`) fails as a target pass that llama.cpp
+    refuses would: with PASS_FAILURE once `after` tokens have been committed (0: before any)."""
+    from specllm.errors import SpecllmError
+
+    plain, calls = Decoder.generate, []
+
+    def generate(self, *args, **kwargs):
+        calls.append(1)
+        failing = not first_only or len(calls) == 1
+        if failing and after == 0:
+            raise SpecllmError(PASS_FAILURE)
+        committed = 0
+        for event in plain(self, *args, **kwargs):
+            if failing and isinstance(event, TokenCommitted) and event.token >= 0:
+                committed += 1
+                if committed > after:
+                    raise SpecllmError(PASS_FAILURE)
+            yield event
+
+    monkeypatch.setattr(Decoder, "generate", generate)

@@ -3,7 +3,8 @@
 `QWEN3`: Qwen3's own chat template (tests/data/qwen3-chat-template.jinja), a thinking model's;
 `text_of`: a prompt's tokens read back as the model reads them. `FRAKTUR`: two characters of four
 bytes each, and `Forced`: a backend that writes a chosen sequence of tokens through the real decode
-loop, so that a character of several tokens can be cut by the token limit.
+loop, so that a character of several tokens can be cut by the token limit. `check_every_cut`: a
+reasoning splitter gives the same reasoning and answer however a reply is streamed.
 """
 
 from __future__ import annotations
@@ -38,3 +39,17 @@ class Forced:
             out[row, self.script[self.rows] if self.rows < len(self.script) else self.after] = 10.0
             self.rows += 1
         return out
+
+
+def check_every_cut(make_splitter, text: str, reasoning: str | None, answer: str) -> None:
+    """`text` cut at every place and pushed in three pieces into a fresh `make_splitter()`: the same
+    reasoning and answer as whole, and no piece empty (a tag or marker cut between pieces is held back)."""
+    from specllm.reasoning import CONTENT, REASONING
+
+    for i in range(len(text) + 1):
+        for j in range(i, len(text) + 1, 3):
+            splitter = make_splitter()
+            pieces = [p for part in (text[:i], text[i:j], text[j:]) for p in splitter.push(part)] + splitter.finish()
+            assert "".join(t for kind, t in pieces if kind == REASONING) == (reasoning or "")
+            assert "".join(t for kind, t in pieces if kind == CONTENT) == answer
+            assert all(t for _, t in pieces)

@@ -9,7 +9,8 @@ import pytest
 from specllm.chat import ChatSettings, Conversation, MultiLine
 from specllm.cli.chat_loop import ChatLoop
 from specllm.engine.sampling import SamplingParams
-from tests.fakes import FakeEngine, reader, reference_reply
+from tests.fakes import PASS_FAILURE as FAILURE
+from tests.fakes import FakeEngine, fail_generations, reader, reference_reply
 
 MODULE = '"""Tools for strings."""\n\ndef rev(s):\n    return s[::-1]'
 
@@ -60,31 +61,10 @@ def test_spec_draft_in_a_chat_that_loads_one_but_has_none_names_the_draft_option
     assert "start the chat with --draft PATH or a preset that has one" in capsys.readouterr().err
 
 
-FAILURE = "llama.cpp failed to evaluate a batch of 4 tokens (status 1)"
-
-
 @pytest.fixture
 def first_reply_fails(monkeypatch):
-    """The first generation fails once `after` tokens have come (0: its prefill fails); later ones do not."""
-    from specllm.engine.decode import Decoder, TokenCommitted
-    from specllm.errors import SpecllmError
-
-    plain, calls, after = Decoder.generate, [], [3]
-
-    def generate(self, *args, **kwargs):
-        calls.append(1)
-        committed = 0
-        if len(calls) == 1 and after[0] == 0:
-            raise SpecllmError(FAILURE)
-        for event in plain(self, *args, **kwargs):
-            if len(calls) == 1 and isinstance(event, TokenCommitted) and event.token >= 0:
-                committed += 1
-                if committed > after[0]:
-                    raise SpecllmError(FAILURE)
-            yield event
-
-    monkeypatch.setattr(Decoder, "generate", generate)
-    return after
+    """The first generation fails once three tokens have come; later ones do not."""
+    fail_generations(monkeypatch, after=3, first_only=True)
 
 
 def test_a_reply_that_fails_midway_keeps_its_text_and_the_chat_goes_on(first_reply_fails, capsys):
@@ -101,8 +81,8 @@ def test_a_reply_that_fails_midway_keeps_its_text_and_the_chat_goes_on(first_rep
     assert len(loop.engine.strategies) == 2 and loop.failure is None
 
 
-def test_a_reply_that_fails_before_its_first_token_is_not_kept(first_reply_fails, capsys):
-    first_reply_fails[0] = 0
+def test_a_reply_that_fails_before_its_first_token_is_not_kept(monkeypatch, capsys):
+    fail_generations(monkeypatch, after=0, first_only=True)
     loop, out = terminal_loop()
     loop.run(reader(["Hello", "Again"]))
     assert [m["content"] for m in loop.conversation.messages][0] == "Again" and len(loop.conversation.messages) == 2

@@ -22,6 +22,7 @@ from specllm.server.app import Service
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.cli_helpers import specllm_here
 from tests.fakes import Scripted
+from tests.reply_helpers import check_every_cut
 from tests.server_helpers import client, running
 from tests.tiny_gguf import write_tiny_gguf
 
@@ -79,13 +80,7 @@ def test_streamed_pieces_add_up_to_the_whole_however_the_text_is_cut(name):
     """Cut at every place and pushed in three pieces: the same reasoning and answer as whole, no
     piece empty (a marker cut between pieces is held back, never given)."""
     (tail, text), (reasoning, answer) = CASES[name]
-    for i in range(len(text) + 1):
-        for j in range(i, len(text) + 1, 3):
-            splitter = HarmonySplitter(tail)
-            pieces = [p for part in (text[:i], text[i:j], text[j:]) for p in splitter.push(part)] + splitter.finish()
-            assert "".join(t for kind, t in pieces if kind == REASONING) == (reasoning or "")
-            assert "".join(t for kind, t in pieces if kind == CONTENT) == answer
-            assert all(t for _, t in pieces)
+    check_every_cut(lambda: HarmonySplitter(tail), text, reasoning, answer)
 
 
 def test_reasoning_is_given_as_it_comes_and_the_answer_after_it():

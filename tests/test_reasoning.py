@@ -21,7 +21,7 @@ from specllm.server.app import Service
 from specllm.session import Engine, ModelPaths, SpecConfig
 from tests.cli_helpers import assert_one_error, specllm_here
 from tests.fakes import Scripted
-from tests.reply_helpers import QWEN3, text_of
+from tests.reply_helpers import QWEN3, check_every_cut, text_of
 from tests.server_helpers import TINY, client, raw, running
 from tests.tiny_gguf import write_tiny_gguf
 
@@ -61,13 +61,7 @@ def test_a_reply_is_told_into_reasoning_and_answer(name):
 def test_streamed_pieces_add_up_to_the_whole_however_the_text_is_cut(name):
     """Cut at every place and pushed in three pieces: the same reasoning and answer as whole."""
     (tail, text), (reasoning, answer) = CASES[name]
-    for i in range(len(text) + 1):
-        for j in range(i, len(text) + 1, 3):
-            splitter = ThinkSplitter(tail)
-            pieces = [p for part in (text[:i], text[i:j], text[j:]) for p in splitter.push(part)] + splitter.finish()
-            assert "".join(t for kind, t in pieces if kind == REASONING) == (reasoning or "")
-            assert "".join(t for kind, t in pieces if kind == CONTENT) == answer
-            assert all(t for _, t in pieces)
+    check_every_cut(lambda: ThinkSplitter(tail), text, reasoning, answer)
 
 
 def test_a_model_that_does_not_think_writes_all_answer():

@@ -1,4 +1,4 @@
-"""A target pass that fails in the middle of `run` (llama.cpp out of memory for a batch): the text
+"""A target pass that fails in the middle of `run` or a `chat` script (llama.cpp out of memory for a batch): the text
 generated so far is kept (on stdout, and in `--json` with the error), then one line and exit 1."""
 
 from __future__ import annotations
@@ -7,27 +7,14 @@ import json
 
 import pytest
 
-from specllm.engine.decode import Decoder, TokenCommitted
-from specllm.errors import SpecllmError
 from tests.cli_helpers import specllm_here
-
-FAILURE = "llama.cpp failed to evaluate a batch of 4 tokens (status 1)"
+from tests.fakes import PASS_FAILURE as FAILURE
+from tests.fakes import fail_generations
 
 
 @pytest.fixture
 def fails_after_three_tokens(monkeypatch):
-    plain = Decoder.generate
-
-    def generate(self, *args, **kwargs):
-        committed = []
-        for event in plain(self, *args, **kwargs):
-            if isinstance(event, TokenCommitted) and event.token >= 0:
-                committed.append(event.token)
-                if len(committed) > 3:
-                    raise SpecllmError(FAILURE)
-            yield event
-
-    monkeypatch.setattr(Decoder, "generate", generate)
+    fail_generations(monkeypatch, after=3)
 
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
@@ -50,3 +37,14 @@ def test_a_run_that_does_not_fail_says_no_error_in_its_json(home, tiny_pair):
     done = specllm_here(home, *args)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["error"] is None
+
+
+def test_a_chat_script_ends_at_a_failed_pass_after_the_reply_so_far(home, tiny_pair, fails_after_three_tokens):
+    """As `run`: the reply so far on stdout, its line ended, then one line (no traceback) and exit 1;
+    the script's next message is not answered."""
+    args = ["chat", "-m", tiny_pair[0], "--spec", "off", "--temp", "0", "-n", "12", "-c", "256", "-t", "1"]
+    done = specllm_here(home, *args, stdin=b"Count to ten.\nAnd again.\n")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [f"Error: {FAILURE}"]
+    alone = specllm_here(home, "run", *args[1:], "-p", "Count to ten.")  # the same three tokens, the same way
+    assert done.stdout == alone.stdout and done.stdout.strip() and done.stdout.endswith("\n")
