@@ -27,7 +27,21 @@ def template_thinks(template_text: str) -> str:
     return TAGS if OPEN in template_text or CLOSE in template_text else ""
 
 
-class ThinkSplitter:
+class _Splitter:
+    """What both kinds of splitter share: streamed text in (`push`, then `finish`), (REASONING |
+    CONTENT, text) pieces out, each kind's pieces kept in `reasoning` and `content`."""
+
+    reasoning: list[str]
+    content: list[str]
+
+    def read(self, text: str) -> tuple[str | None, str]:
+        """A whole reply as (its reasoning, None where there was none; its answer)."""
+        self.push(text)
+        self.finish()
+        return ("".join(self.reasoning) or None), "".join(self.content)
+
+
+class ThinkSplitter(_Splitter):
     """Streamed text in, (REASONING | CONTENT, text) pieces out, a tag cut between pieces held back;
     for a model that does not think (`thinks` False), every piece is answer."""
 
@@ -90,12 +104,6 @@ class ThinkSplitter:
             self._emit(pieces, CONTENT, held)
         return pieces
 
-    def read(self, text: str) -> tuple[str | None, str]:
-        """A whole reply as (its reasoning, None where there was none; its answer)."""
-        self.push(text)
-        self.finish()
-        return ("".join(self.reasoning) or None), "".join(self.content)
-
     def _emit(self, pieces: list, kind: str, text: str) -> None:
         if kind == REASONING and not self._started:
             text = text.lstrip("\n")
@@ -122,7 +130,7 @@ _MARKUP = re.compile("|".join(re.escape(m) for m in MARKUP))
 CHANNELS = {"analysis": REASONING, "final": CONTENT, "commentary": CONTENT}  # commentary: a preamble, as llama.cpp gives it
 
 
-class HarmonySplitter:
+class HarmonySplitter(_Splitter):
     """ThinkSplitter's interface for gpt-oss's harmony messages, as llama.cpp's server reads them:
     the `analysis` channel is reasoning, `final` the answer, and so is `commentary` with no
     recipient (a preamble to a tool call, meant for the user); a message to a tool (`to=...`, a
@@ -196,12 +204,6 @@ class HarmonySplitter:
             self._kind, self._fresh = CONTENT, True
             self._emit(pieces, held[self._from_prompt :])
         return pieces
-
-    def read(self, text: str) -> tuple[str | None, str]:
-        """A whole reply as (its reasoning, None where there was none; its answer)."""
-        self.push(text)
-        self.finish()
-        return ("".join(self.reasoning) or None), "".join(self.content)
 
     def _open(self, kind: str | None) -> None:
         self._state, self._kind, self._fresh, self._first = "body", kind, True, False
